@@ -1,0 +1,1 @@
+"""The serving runtime, importable and testable without Triton."""

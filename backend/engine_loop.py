@@ -1,0 +1,338 @@
+"""The continuously batched draft-verify loop (one per model instance).
+
+Requests are submitted from any thread; a background thread owns the engine,
+admits waiting requests into free batch slots between steps, and runs steps:
+
+    ctx      = StepContext(...)                 what the policy may know
+    decision = policy.decide(ctx)               (drafter, γ) per sequence
+    drafts   = drafter.propose(...)             per sequence, grouped by drafter
+    logits   = engine.forward(all sequences)    ONE target forward for the batch
+    verdicts = accept(...)                      lossless: greedy / rejection sampling
+    policy.observe(StepOutcome)
+
+Sequences occupy engine slots 0..B-1 contiguously (a leaving sequence's slot is
+refilled by moving the last one), so the engine reads K/V as views, not gathers.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+from policy import (Decision, DrafterInfo, Policy, SequenceOutcome, SequenceView, StepContext, StepOutcome)
+
+from .detokenizer import IncrementalDetokenizer
+from .drafters import Draft, Drafter
+from .request import GenerationRequest, Limits, RequestError, validate
+from .sampling import Verdict, accept_greedy, accept_sampling, target_probs
+from .sequence import Sequence
+
+log = logging.getLogger("specserve.loop")
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    max_batch: int = 8  # running sequences (engine slots)
+    limits: Limits = Limits()
+    trace_len: int = 10_000  # StepOutcomes kept in memory for inspection
+
+
+@dataclass
+class LoopStats:
+    steps: int = 0
+    sequence_steps: int = 0  # sum of batch sizes over steps (mean batch = this / steps)
+    prefills: int = 0
+    prefill_time_s: float = 0.0
+    step_time_s: float = 0.0
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    accept_time_s: float = 0.0
+    io_time_s: float = 0.0
+    emitted: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    drafter_errors: int = 0
+    finished: int = 0
+    cancelled: int = 0
+
+
+class EngineLoop:
+    def __init__(self, engine, tokenizer, drafters: Dict[str, Drafter], policy: Policy,
+                 config: LoopConfig = LoopConfig(), clock: Callable[[], float] = time.perf_counter):
+        if config.max_batch > engine.max_slots:
+            raise ValueError(f"max_batch {config.max_batch} exceeds the engine's {engine.max_slots} slots")
+        if config.limits.max_context > engine.max_context:
+            raise ValueError("limits.max_context exceeds the engine's context window")
+        self.engine, self.tok, self.drafters, self.policy = engine, tokenizer, drafters, policy
+        self.cfg, self.clock = config, clock
+        self.inbox: "queue.Queue[Sequence]" = queue.Queue()
+        self.waiting: "collections.deque[Sequence]" = collections.deque()
+        self.running: List[Sequence] = []  # running[i].slot == i
+        self.trace: "collections.deque[StepOutcome]" = collections.deque(maxlen=config.trace_len)
+        self.stats = LoopStats()
+        self._ids = iter(range(1, 1 << 62))
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        eos = engine.shape.eos_token_id
+        self.default_eos = frozenset({eos} | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()))
+
+    # -- submission (any thread) ---------------------------------------------------
+    def tokenize(self, req: GenerationRequest) -> List[int]:
+        if req.apply_chat_template:
+            if not getattr(self.tok, "chat_template", None):
+                raise RequestError("this model has no chat template; send apply_chat_template=false")
+            ids = self.tok.apply_chat_template([{"role": "user", "content": req.prompt}], tokenize=True,
+                                               add_generation_prompt=True)
+            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        else:
+            ids = self.tok(req.prompt).input_ids
+        return list(ids)
+
+    def submit(self, req: GenerationRequest, sink) -> int:
+        """Validate, tokenize and enqueue; raises RequestError for a bad request."""
+        validate(req, self.cfg.limits)
+        ids = self.tokenize(req)
+        ctx = self.cfg.limits.max_context
+        if len(ids) >= ctx:
+            raise RequestError(f"prompt has {len(ids)} tokens; the context window is {ctx} "
+                               f"(prompt + output must fit)")
+        if req.end_id is not None and not 0 <= req.end_id < self.engine.shape.vocab:
+            raise RequestError(f"end_id {req.end_id} is outside the vocabulary [0, {self.engine.shape.vocab})")
+        gen = None
+        if not req.sampling.greedy:
+            gen = torch.Generator().manual_seed(req.seed if req.seed is not None else random.getrandbits(63))
+        seq = Sequence(seq_id=next(self._ids), request=req, sink=sink, prompt_ids=ids, tokens=list(ids),
+                       detok=IncrementalDetokenizer(self.tok, ids),
+                       eos_ids=frozenset({req.end_id}) if req.end_id is not None else self.default_eos,
+                       generator=gen, arrival_s=self.clock())
+        self.inbox.put(seq)
+        return seq.seq_id
+
+    # -- thread ------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if not self.step(block=True):
+                    continue
+            except Exception:  # keep serving: fail the batch's requests, never hang them
+                log.exception("engine step failed; failing the running requests")
+                for seq in self.running + list(self.waiting):
+                    self._fail(seq, "internal error in the engine step; see the server log")
+                self.running, self.waiting = [], collections.deque()
+
+    def _fail(self, seq: Sequence, message: str) -> None:
+        try:
+            seq.sink.error(message)
+        except Exception:
+            log.exception("could not send error for sequence %d", seq.seq_id)
+        self._release(seq)
+
+    @property
+    def idle(self) -> bool:
+        return not self.running and not self.waiting and self.inbox.empty()
+
+    # -- one iteration -------------------------------------------------------------------
+    def step(self, block: bool = False) -> bool:
+        """Admit new requests, then run one speculative step. Returns False if idle."""
+        self._drain_inbox(block and not self.running and not self.waiting)
+        self._drop_cancelled()
+        self._admit()
+        if not self.running:
+            return False
+        self._speculative_step()
+        return True
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            if block:
+                self.waiting.append(self.inbox.get(timeout=0.05))
+            while True:
+                self.waiting.append(self.inbox.get_nowait())
+        except queue.Empty:
+            pass
+
+    def _drop_cancelled(self) -> None:
+        for seq in [s for s in list(self.waiting) + self.running if s.sink.cancelled()]:
+            seq.finish_reason = "cancelled"
+            self.stats.cancelled += 1
+            if seq in self.waiting:
+                self.waiting.remove(seq)
+            else:
+                self._remove_running(seq)
+            self._send(seq, final=True)
+
+    def _admit(self) -> None:
+        new: List[Sequence] = []
+        while self.waiting and len(self.running) < self.cfg.max_batch:
+            seq = self.waiting.popleft()
+            seq.slot = len(self.running)
+            self.running.append(seq)
+            new.append(seq)
+            self.policy.on_request_start(seq.seq_id)
+        if not new:
+            return
+        t0 = self.clock()
+        # One ragged forward for all new prompts; logits only at each prompt's last position.
+        logits = self.engine.forward([s.slot for s in new], [0] * len(new), [s.prompt_ids for s in new],
+                                     logit_rows=[[len(s.prompt_ids) - 1] for s in new])
+        for i, seq in enumerate(new):
+            seq.kv_len = len(seq.prompt_ids)
+            first = self._sample_one(seq, logits[i: i + 1])
+            seq.first_token_s = self.clock()
+            seq.append([first], self.cfg.limits.max_context)
+        self.stats.prefills += len(new)
+        self.stats.prefill_time_s += self.clock() - t0
+        self._emit(new)
+
+    def _sample_one(self, seq: Sequence, logits: torch.Tensor) -> int:
+        if seq.request.sampling.greedy:
+            return int(logits[0].argmax())
+        p = target_probs(logits, seq.request.sampling)
+        return int(torch.multinomial(p[0], 1, generator=seq.generator))
+
+    def _context(self, step: int) -> StepContext:
+        views = [SequenceView(seq_id=s.seq_id, context_len=s.kv_len, generated=s.generated,
+                              max_new_tokens=s.request.max_tokens, temperature=s.request.sampling.temperature,
+                              last_drafter=s.last_drafter) for s in self.running]
+        infos = [DrafterInfo(name=n, is_model=d.is_model, resident=True) for n, d in self.drafters.items()]
+        return StepContext(step=step, sequences=views, drafters=infos, queue_len=len(self.waiting) + self.inbox.qsize())
+
+    def _speculative_step(self) -> None:
+        t_start = self.clock()
+        batch = list(self.running)  # _emit may retire sequences from self.running
+        decision: Decision = self.policy.decide(self._context(self.stats.steps))
+        max_ctx = self.cfg.limits.max_context
+
+        t_draft = self.clock()
+        drafts: List[Draft] = []
+        drafter_names: List[Optional[str]] = []
+        for seq in batch:
+            arm = decision.arm_for(seq.seq_id)
+            # Never draft past max_tokens (a step emits up to γ+1) or the context window.
+            room = min(seq.request.max_tokens - seq.generated, max_ctx - seq.kv_len) - 1
+            gamma = max(0, min(arm.gamma, room))
+            draft = Draft(tokens=[])
+            if gamma > 0 and arm.drafter in self.drafters:
+                try:
+                    draft = self.drafters[arm.drafter].propose(seq.seq_id, seq.tokens, gamma)
+                except Exception:
+                    self.stats.drafter_errors += 1
+                    log.exception("drafter %s failed; sequence %d falls back to γ=0", arm.drafter, seq.seq_id)
+                    draft = Draft(tokens=[])
+            drafts.append(draft)
+            drafter_names.append(arm.drafter if gamma > 0 else None)
+
+        t_verify = self.clock()
+        # The pending token (last emitted, not yet cached) followed by the drafts.
+        inputs = [[seq.tokens[seq.kv_len]] + d.tokens for seq, d in zip(batch, drafts)]
+        logits = self.engine.forward([s.slot for s in batch], [s.kv_len for s in batch], inputs)
+
+        t_accept = self.clock()
+        argmax = logits.argmax(dim=-1).tolist()
+        outcomes, row = [], 0
+        for seq, draft, name in zip(batch, drafts, drafter_names):
+            n = len(draft) + 1
+            if seq.request.sampling.greedy:
+                verdict = accept_greedy(argmax[row: row + n], draft.tokens)
+            else:
+                p = target_probs(logits[row: row + n], seq.request.sampling)
+                verdict = accept_sampling(p, draft.tokens, draft.q, seq.generator)
+            row += n
+            self._commit(seq, draft, verdict, name)
+            outcomes.append(SequenceOutcome(seq_id=seq.seq_id, drafter=name, gamma=len(draft),
+                                            accepted=verdict.accepted, emitted=len(verdict.tokens),
+                                            p_draft=verdict.p_draft, q_draft=draft.confidences))
+        t_io = self.clock()
+        self._emit(batch)
+        t_end = self.clock()
+
+        outcome = StepOutcome(step=self.stats.steps, batch_size=len(batch), sequences=outcomes,
+                              draft_time_s=t_verify - t_draft, verify_time_s=t_accept - t_verify,
+                              accept_time_s=t_io - t_accept, total_time_s=t_end - t_start,
+                              queue_len=len(self.waiting))
+        self.policy.observe(outcome)
+        self.trace.append(outcome)
+        st = self.stats
+        st.steps += 1
+        st.sequence_steps += len(batch)
+        st.step_time_s += outcome.total_time_s
+        st.draft_time_s += outcome.draft_time_s
+        st.verify_time_s += outcome.verify_time_s
+        st.accept_time_s += outcome.accept_time_s
+        st.io_time_s += t_end - t_io
+        st.emitted += outcome.emitted
+        st.drafted += outcome.drafted
+        st.accepted += outcome.accepted
+
+    def _commit(self, seq: Sequence, draft: Draft, verdict: Verdict, drafter: Optional[str]) -> None:
+        # Cached now: the pending token + the accepted drafts; the rest of the drafts are
+        # overwritten later (truncation is just the length).
+        seq.kv_len += 1 + verdict.accepted
+        seq.drafted += len(draft)
+        seq.accepted += verdict.accepted
+        seq.last_drafter = drafter
+        seq.append(verdict.tokens, self.cfg.limits.max_context)
+        if drafter is not None and not seq.finished:
+            self.drafters[drafter].commit(seq.seq_id, seq.tokens)
+
+    def _emit(self, seqs: List[Sequence]) -> None:
+        """Send what each sequence produced; retire finished ones."""
+        for seq in seqs:
+            if seq.finished:
+                self._remove_running(seq)
+                self.stats.finished += 1
+                self._send(seq, final=True)
+            elif seq.request.stream:
+                self._send(seq, final=False)
+
+    def _send(self, seq: Sequence, final: bool) -> None:
+        try:
+            if seq.request.stream:
+                chunk = seq.chunk(finish=final)
+                if chunk.text or final:
+                    seq.sink.send(chunk, final)
+            elif final:
+                chunk = seq.chunk(finish=True)
+                chunk.text = seq.output_text()
+                if not seq.request.exclude_input_in_output:
+                    chunk.text = seq.request.prompt + chunk.text
+                seq.sink.send(chunk, True)
+        except Exception:
+            # The client is gone (or the sender broke): stop generating for it.
+            log.warning("sending to sequence %d failed; cancelling it", seq.seq_id, exc_info=True)
+            if not seq.finished:
+                seq.finish_reason = "cancelled"
+                self._remove_running(seq)
+
+    def _remove_running(self, seq: Sequence) -> None:
+        if seq.slot < 0 or seq.slot >= len(self.running) or self.running[seq.slot] is not seq:
+            self._release(seq)
+            return
+        i, last = seq.slot, self.running.pop()
+        if last is not seq:  # keep slots contiguous: move the last sequence into the hole
+            self.engine.move_slot(last.slot, i, last.kv_len)
+            last.slot = i
+            self.running[i] = last
+        self._release(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        seq.slot = -1
+        for d in self.drafters.values():
+            d.release(seq.seq_id)
+        self.policy.on_request_end(seq.seq_id)

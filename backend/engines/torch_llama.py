@@ -1,0 +1,208 @@
+"""A Llama-family decoder in plain torch, built for the draft-verify loop on CPU.
+
+Why not transformers' model: its per-step Python/dispatch overhead (~40 ms per
+SmolLM2 decode step here) dwarfs the memory-bandwidth floor (~11 ms), and its
+cache grows by concatenation. This engine:
+  * preallocates one KV cache per batch *slot* ([slots, kv_heads, ctx+1, head_dim]
+    per layer) and writes new keys/values with one index_copy_ per layer;
+  * takes a *ragged* batch (sequence b appends n_b tokens at position start_b),
+    padded to S = max n_b; padded tokens write to a scratch position (index ctx)
+    that no real query ever attends to;
+  * truncation (rejected drafts) is free: a sequence's valid length is just a
+    number owned by the caller, positions past it are overwritten later;
+  * fuses q/k/v and gate/up projections, and computes logits only for the
+    positions the caller asks for (the lm_head is the largest matrix).
+Attention uses the grouped-query trick: the g = heads/kv_heads query heads that
+share a kv head are folded into the query length, so K/V are never repeated.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    rms_eps: float
+    rope_theta: float
+    max_positions: int
+    eos_token_id: int
+    tie_embeddings: bool
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> "LlamaShape":
+        if cfg.get("model_type") not in ("llama", "mistral", "qwen2") and "LlamaForCausalLM" not in cfg.get("architectures", []):
+            raise ValueError(f"unsupported architecture {cfg.get('architectures')}: expected a Llama-family model")
+        rope = cfg.get("rope_parameters") or {}
+        if (rope.get("rope_type") or "default") != "default" or cfg.get("rope_scaling"):
+            raise ValueError("only default RoPE is supported (no rope scaling)")
+        heads = cfg["num_attention_heads"]
+        eos = cfg.get("eos_token_id", 2)
+        return cls(
+            vocab=cfg["vocab_size"], hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"], heads=heads,
+            kv_heads=cfg.get("num_key_value_heads", heads), head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            intermediate=cfg["intermediate_size"], rms_eps=cfg.get("rms_norm_eps", 1e-5),
+            rope_theta=rope.get("rope_theta", cfg.get("rope_theta", 10000.0)),
+            max_positions=cfg.get("max_position_embeddings", 2048),
+            eos_token_id=eos[0] if isinstance(eos, list) else eos,
+            tie_embeddings=cfg.get("tie_word_embeddings", False),
+        )
+
+
+class Layer:
+    __slots__ = ("attn_norm", "wqkv", "wo", "mlp_norm", "w_gate_up", "w_down")
+
+
+def load_checkpoint(ckpt: Path, dtype: torch.dtype):
+    """Read config + safetensors of a Hugging Face Llama checkpoint directory."""
+    cfg = json.loads((ckpt / "config.json").read_text())
+    shape = LlamaShape.from_config(cfg)
+    tensors = {}
+    for f in sorted(ckpt.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    if not tensors:
+        raise FileNotFoundError(f"no *.safetensors in {ckpt}")
+    return shape, {k.removeprefix("model."): v.to(dtype) for k, v in tensors.items()}
+
+
+class TorchLlama:
+    """Ragged-batch Llama forward over a slot-contiguous preallocated KV cache."""
+
+    def __init__(self, ckpt: str | Path, *, dtype: str = "bf16", max_slots: int = 8, max_context: int = 2048):
+        self.dtype = DTYPES[dtype]
+        self.shape, w = load_checkpoint(Path(ckpt), self.dtype)
+        s = self.shape
+        if max_context > s.max_positions:
+            raise ValueError(f"max_context {max_context} exceeds the model's {s.max_positions} positions")
+        self.max_slots, self.max_context = max_slots, max_context
+        self.embed = w["embed_tokens.weight"]
+        self.lm_head = w["embed_tokens.weight"] if s.tie_embeddings or "lm_head.weight" not in w else w["lm_head.weight"]
+        self.final_norm = w["norm.weight"]
+        self.layers = []
+        for i in range(s.layers):
+            p = f"layers.{i}."
+            L = Layer()
+            L.attn_norm = w[p + "input_layernorm.weight"]
+            L.wqkv = torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]).t().contiguous()
+            L.wo = w[p + "self_attn.o_proj.weight"].t().contiguous()
+            L.mlp_norm = w[p + "post_attention_layernorm.weight"]
+            L.w_gate_up = torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]).t().contiguous()
+            L.w_down = w[p + "mlp.down_proj.weight"].t().contiguous()
+            self.layers.append(L)
+        # RoPE tables for positions 0..max_context (the last one is the scratch position).
+        inv = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.float32) / s.head_dim))
+        ang = torch.outer(torch.arange(max_context + 1, dtype=torch.float32), inv)
+        ang = torch.cat([ang, ang], dim=-1)
+        self.cos, self.sin = ang.cos().to(self.dtype), ang.sin().to(self.dtype)
+        # KV cache: [slots, kv_heads, ctx + 1 scratch, head_dim] per layer; torch.zeros
+        # pages in lazily, so a generous max_slots costs memory only when used.
+        cache_shape = (max_slots, s.kv_heads, max_context + 1, s.head_dim)
+        self.k_cache = [torch.zeros(cache_shape, dtype=self.dtype) for _ in range(s.layers)]
+        self.v_cache = [torch.zeros(cache_shape, dtype=self.dtype) for _ in range(s.layers)]
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        s = self.shape
+        return 2 * s.layers * s.kv_heads * s.head_dim * self.k_cache[0].element_size()
+
+    # -- forward ---------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, slots: Sequence[int], starts: Sequence[int], tokens: Sequence[Sequence[int]],
+                logit_rows: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
+        """Append `tokens[b]` to slot `slots[b]` at positions starts[b].. and return logits.
+
+        logit_rows[b] lists which of sequence b's new positions need logits
+        (default: all). Returns float32 logits [sum of len(logit_rows[b]), vocab],
+        rows in batch order.
+        """
+        s = self.shape
+        B = len(slots)
+        lens = [len(t) for t in tokens]
+        S = max(lens)
+        if min(lens) <= 0:
+            raise ValueError("every sequence must append at least one token")
+        for st, n in zip(starts, lens):
+            if st + n > self.max_context:
+                raise ValueError(f"sequence would exceed the context window ({st}+{n} > {self.max_context})")
+        ids = torch.zeros(B, S, dtype=torch.long)
+        pos = torch.empty(B, S, dtype=torch.long)
+        valid = torch.zeros(B, S, dtype=torch.bool)
+        for b in range(B):
+            ids[b, : lens[b]] = torch.tensor(tokens[b], dtype=torch.long)
+            valid[b, : lens[b]] = True
+            pos[b] = torch.arange(starts[b], starts[b] + S)
+        rope_pos = pos.clamp(max=self.max_context)
+        write_pos = torch.where(valid, pos, torch.full_like(pos, self.max_context))  # padding -> scratch
+        slot_t = torch.tensor(slots, dtype=torch.long)
+        ctx_len = max(st + n for st, n in zip(starts, lens))
+        # Flat cache row for (slot, kv_head, position): [B, kv_heads, S]
+        C = self.max_context + 1
+        heads_t = torch.arange(s.kv_heads).view(1, -1, 1)
+        flat_idx = ((slot_t.view(-1, 1, 1) * s.kv_heads + heads_t) * C + write_pos.unsqueeze(1)).reshape(-1)
+        # Causal mask over the cache prefix: query at position p sees keys 0..p.  [B, 1, S, ctx_len]
+        mask = torch.arange(ctx_len).view(1, 1, 1, -1) <= pos.view(B, 1, S, 1)
+        g = s.heads // s.kv_heads
+        mask = mask.expand(B, 1, S, ctx_len).repeat(1, 1, g, 1) if g > 1 else mask  # [B, 1, g*S, ctx_len]
+        cos, sin = self.cos[rope_pos].unsqueeze(2), self.sin[rope_pos].unsqueeze(2)  # [B, S, 1, hd]
+        contiguous = list(slots) == list(range(slots[0], slots[0] + B))
+
+        x = self.embed[ids]  # [B, S, H]
+        qd, kd = s.heads * s.head_dim, s.kv_heads * s.head_dim
+        for i, L in enumerate(self.layers):
+            h = F.rms_norm(x, (s.hidden,), L.attn_norm, s.rms_eps)
+            qkv = h @ L.wqkv  # [B, S, qd + 2kd]
+            q = qkv[..., :qd].view(B, S, s.heads, s.head_dim)
+            k = qkv[..., qd: qd + kd].view(B, S, s.kv_heads, s.head_dim)
+            v = qkv[..., qd + kd:].view(B, S, s.kv_heads, s.head_dim)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            kc, vc = self.k_cache[i], self.v_cache[i]
+            kc.view(-1, s.head_dim).index_copy_(0, flat_idx, k.transpose(1, 2).reshape(-1, s.head_dim))
+            vc.view(-1, s.head_dim).index_copy_(0, flat_idx, v.transpose(1, 2).reshape(-1, s.head_dim))
+            if contiguous:
+                keys, values = kc[slots[0]: slots[0] + B, :, :ctx_len], vc[slots[0]: slots[0] + B, :, :ctx_len]
+            else:
+                keys, values = kc[slot_t, :, :ctx_len], vc[slot_t, :, :ctx_len]
+            # Fold the g query heads of each kv head into the query axis: [B, kvh, g*S, hd]
+            qg = q.view(B, S, s.kv_heads, g, s.head_dim).permute(0, 2, 3, 1, 4).reshape(B, s.kv_heads, g * S, s.head_dim)
+            o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)
+            o = o.view(B, s.kv_heads, g, S, s.head_dim).permute(0, 3, 1, 2, 4).reshape(B, S, qd)
+            x = x + o @ L.wo
+            h = F.rms_norm(x, (s.hidden,), L.mlp_norm, s.rms_eps)
+            gu = h @ L.w_gate_up
+            x = x + (F.silu(gu[..., : s.intermediate]) * gu[..., s.intermediate:]) @ L.w_down
+        if logit_rows is None:
+            rows = x[valid]
+        else:
+            bi = [b for b in range(B) for _ in logit_rows[b]]
+            si = [r for b in range(B) for r in logit_rows[b]]
+            rows = x[bi, si]
+        rows = F.rms_norm(rows, (s.hidden,), self.final_norm, s.rms_eps)
+        return (rows @ self.lm_head.t()).float()
+
+    # -- cache management ------------------------------------------------------
+    def move_slot(self, src: int, dst: int, length: int) -> None:
+        """Copy the first `length` cached positions of slot src into slot dst."""
+        for kc, vc in zip(self.k_cache, self.v_cache):
+            kc[dst, :, :length] = kc[src, :, :length]
+            vc[dst, :, :length] = vc[src, :, :length]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)

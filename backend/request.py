@@ -1,0 +1,60 @@
+"""Generation requests as domain types, validated once at the boundary."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from .sampling import SamplingParams
+
+
+class RequestError(ValueError):
+    """A request the server must refuse with a clear message (never a crash)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_tokens: int = 1024  # largest max_tokens a request may ask for
+    max_context: int = 2048  # prompt + output tokens per sequence
+
+
+@dataclass
+class GenerationRequest:
+    prompt: str
+    max_tokens: int = 16
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    seed: Optional[int] = None
+    stop_words: Sequence[str] = ()
+    end_id: Optional[int] = None  # overrides the model's EOS token
+    stream: bool = False
+    exclude_input_in_output: bool = False
+    apply_chat_template: bool = False
+
+
+def validate(req: GenerationRequest, limits: Limits) -> GenerationRequest:
+    """Raise RequestError naming the first problem; return the request unchanged."""
+    if not isinstance(req.prompt, str) or not req.prompt:
+        raise RequestError("text_input is missing or empty")
+    if not isinstance(req.max_tokens, int) or req.max_tokens <= 0:
+        raise RequestError(f"max_tokens must be a positive integer, got {req.max_tokens}")
+    if req.max_tokens > limits.max_tokens:
+        raise RequestError(f"max_tokens {req.max_tokens} exceeds this server's limit of {limits.max_tokens}")
+    s = req.sampling
+    if not math.isfinite(s.temperature) or s.temperature < 0:
+        raise RequestError(f"temperature must be >= 0, got {s.temperature}")
+    if not (math.isfinite(s.top_p) and 0.0 < s.top_p <= 1.0):
+        raise RequestError(f"top_p must be in (0, 1], got {s.top_p}")
+    if s.top_k < 0:
+        raise RequestError(f"top_k must be >= 0, got {s.top_k}")
+    if req.seed is not None and req.seed < 0:
+        raise RequestError(f"random_seed must be >= 0, got {req.seed}")
+    if any(not w for w in req.stop_words):
+        raise RequestError("stop_words must not contain empty strings")
+    return req
+
+
+def decode_utf8(raw: bytes, what: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RequestError(f"{what} is not valid UTF-8 ({e.reason} at byte {e.start})") from None

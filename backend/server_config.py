@@ -1,0 +1,53 @@
+"""Server configuration: config.pbtxt parameters, overridable by SPECSERVE_* env vars.
+
+Every key below can be set in model_repository/llm/config.pbtxt `parameters` or as
+an environment variable SPECSERVE_<KEY upper-case> (env wins), so tests and users
+change the served model, dtype or policy without editing files.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    checkpoint: str = ".cache/models/smollm2-135m-instruct"  # any local HF Llama-family dir
+    dtype: str = "bf16"  # bf16 | fp32
+    max_batch: int = 32  # running sequences per model instance
+    max_context: int = 2048  # prompt + output tokens per sequence
+    max_tokens_limit: int = 1024  # largest max_tokens a request may ask for
+    default_max_tokens: int = 64  # when a request does not send max_tokens
+    threads: int = 0  # torch intra-op threads; 0 = all cores
+    policy: str = "static"  # a registered policy name (see policy/)
+    policy_config: str = ""  # optional YAML file with the policy's parameters
+    drafters: str = "ngram"  # comma-separated drafter names
+    chat_template_default: bool = False  # apply the chat template when the request does not say
+    trace_file: str = ""  # append every StepOutcome as a JSON line (for replay)
+
+    @classmethod
+    def load(cls, params: Mapping[str, str], env: Mapping[str, str] = os.environ) -> "ServerConfig":
+        values = {}
+        for f in fields(cls):
+            raw = env.get("SPECSERVE_" + f.name.upper(), params.get(f.name))
+            if raw is None or raw == "":
+                continue
+            if f.type in ("int", int):
+                values[f.name] = int(raw)
+            elif f.type in ("bool", bool):
+                values[f.name] = str(raw).lower() in ("1", "true", "yes", "on")
+            else:
+                values[f.name] = str(raw)
+        unknown = set(params) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown config parameters: {', '.join(sorted(unknown))}")
+        cfg = cls(**values)
+        if cfg.dtype not in ("bf16", "fp32"):
+            raise ValueError(f"dtype must be bf16 or fp32, got {cfg.dtype!r}")
+        return cfg
+
+    def resolve(self, path: str, root: Path) -> Path:
+        p = Path(path)
+        return p if p.is_absolute() else root / p

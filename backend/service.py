@@ -1,0 +1,50 @@
+"""Build a ready-to-serve EngineLoop from a ServerConfig (no Triton here)."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from policy import Policy, make_policy
+
+from .drafters import make_drafter
+from .engine_loop import EngineLoop, LoopConfig
+from .engines.torch_llama import TorchLlama
+from .request import Limits
+from .server_config import ServerConfig
+
+log = logging.getLogger("specserve")
+
+
+def load_policy(cfg: ServerConfig, root: Path) -> Policy:
+    params = {}
+    name = cfg.policy
+    if cfg.policy_config:
+        try:
+            from policy.config import load_policy_config
+        except ImportError as e:  # policy configs arrive with the policy module's config loader
+            raise ValueError("policy_config needs policy/config.py") from e
+        name, params = load_policy_config(str(cfg.resolve(cfg.policy_config, root)))
+    return make_policy(name, **params)
+
+
+def build_loop(cfg: ServerConfig, root: Path) -> EngineLoop:
+    from transformers import AutoTokenizer
+
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    ckpt = cfg.resolve(cfg.checkpoint, root)
+    if not (ckpt / "config.json").exists():
+        raise FileNotFoundError(f"no checkpoint at {ckpt}: run the set-up (scripts/setup.sh) or set "
+                                f"SPECSERVE_CHECKPOINT to a local Hugging Face Llama-family directory")
+    manifest = ckpt / "manifest.json"
+    if manifest.exists():
+        log.info("serving %s", json.loads(manifest.read_text()).get("name", ckpt.name))
+    tokenizer = AutoTokenizer.from_pretrained(ckpt)
+    engine = TorchLlama(ckpt, dtype=cfg.dtype, max_slots=cfg.max_batch, max_context=cfg.max_context)
+    drafters = {name: make_drafter(name) for name in filter(None, (n.strip() for n in cfg.drafters.split(",")))}
+    loop_cfg = LoopConfig(max_batch=cfg.max_batch,
+                          limits=Limits(max_tokens=cfg.max_tokens_limit, max_context=cfg.max_context))
+    return EngineLoop(engine, tokenizer, drafters, load_policy(cfg, root), loop_cfg)

@@ -1,0 +1,1 @@
+"""Offline builds: convert the target checkpoint, (later) distill drafters, profile costs."""

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Install everything the project needs, idempotently (a second run takes seconds):
+#   1. the project venv (.venv) with pinned requirements (torch 2.13.0 CPU),
+#   2. the real Triton Inference Server + Python backend from the nvidia-pytriton wheel,
+#   3. the default model, converted once into a cached safetensors checkpoint,
+#   4. (unless SPECSERVE_SKIP_LOADTOOLS=1) perf_analyzer and genai-perf.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="$ROOT/.cache"
+PYTRITON_SPEC="nvidia-pytriton==0.7.0"
+say() { echo "[setup] $*"; }
+cd "$ROOT"
+
+# 1. venv ------------------------------------------------------------------------
+PY="${PYTHON:-python3.11}"
+command -v "$PY" >/dev/null || PY=python3
+if [ ! -x .venv/bin/python ] || ! cmp -s requirements.txt .venv/.requirements.installed; then
+  say "creating .venv and installing requirements.txt (first run: about a minute)"
+  "$PY" -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
+  cp requirements.txt .venv/.requirements.installed
+else
+  say ".venv up to date"
+fi
+
+# 2. Triton server ---------------------------------------------------------------
+T="$CACHE/triton"
+if [ ! -x "$T/backends/python/triton_python_backend_stub" ]; then
+  say "fetching the Triton Inference Server from $PYTRITON_SPEC (55 MB)"
+  mkdir -p "$T" && tmp="$(mktemp -d)"
+  .venv/bin/pip download -q --no-deps --disable-pip-version-check -d "$tmp" "$PYTRITON_SPEC"
+  (cd "$T" && unzip -q -o "$tmp"/nvidia_pytriton-*.whl 'pytriton/tritonserver/*' 'nvidia_pytriton.libs/*')
+  rm -rf "$tmp"
+  pyver="$(.venv/bin/python -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+  mkdir -p "$T/backends/python"
+  cp "$T/pytriton/tritonserver/backends/python/"{libtriton_python.so,triton_python_backend_utils.py} "$T/backends/python/"
+  cp "$T/pytriton/tritonserver/python_backend_stubs/$pyver/triton_python_backend_stub" "$T/backends/python/"
+  chmod +x "$T/pytriton/tritonserver/bin/tritonserver" "$T/backends/python/triton_python_backend_stub"
+else
+  say "Triton server present"
+fi
+
+# 3. default model -----------------------------------------------------------------
+.venv/bin/python -m build_engines.convert_target --out "$CACHE/models/smollm2-135m-instruct" \
+  --download-cache "$CACHE/downloads"
+
+# 4. load-testing clients ------------------------------------------------------------
+if [ "${SPECSERVE_SKIP_LOADTOOLS:-0}" != "1" ] && [ -f scripts/setup_loadtools.sh ]; then
+  bash scripts/setup_loadtools.sh
+fi
+say "done"

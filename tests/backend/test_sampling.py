@@ -1,0 +1,81 @@
+import math
+
+import pytest
+import torch
+
+from backend.sampling import SamplingParams, accept_greedy, accept_sampling, target_probs
+
+
+def test_greedy_worked_example():
+    # The module docstring's example.
+    v = accept_greedy([5, 9, 7, 3], [5, 9, 4])
+    assert (v.tokens, v.accepted) == ([5, 9, 7], 2)
+
+
+def test_greedy_all_accepted_gives_bonus():
+    v = accept_greedy([1, 2, 3], [1, 2])
+    assert (v.tokens, v.accepted) == ([1, 2, 3], 2)
+
+
+def test_greedy_no_draft_is_plain_decoding():
+    assert accept_greedy([4], []).tokens == [4]
+
+
+def test_top_k_and_top_p_filter():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    p = target_probs(logits, SamplingParams(temperature=1.0, top_k=2))
+    assert torch.allclose(p, torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
+    p = target_probs(logits, SamplingParams(temperature=1.0, top_p=0.8))  # 0.5 + 0.3 reaches 0.8
+    assert torch.allclose(p, torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
+    p = target_probs(logits, SamplingParams(temperature=1.0, top_p=0.81))
+    assert p[0, 2] > 0 and p[0, 3] == 0
+
+
+def _chi2_ok(counts, probs, n):
+    """Pearson chi-square against expected counts; threshold ~ p=0.001 for small dof."""
+    chi2 = sum((c - n * p) ** 2 / (n * p) for c, p in zip(counts, probs) if p > 0)
+    dof = sum(1 for p in probs if p > 0) - 1
+    return chi2 < dof + 6 * math.sqrt(2 * dof) + 10, chi2
+
+
+@pytest.mark.parametrize("with_q", [False, True])
+def test_rejection_sampling_preserves_target_distribution(with_q):
+    """Emitted first token ~ p, whatever the draft (one-hot or a real q)."""
+    g = torch.Generator().manual_seed(0)
+    V = 6
+    p = torch.tensor([[0.30, 0.25, 0.20, 0.15, 0.07, 0.03]] * 3)
+    q = torch.tensor([[0.05, 0.05, 0.10, 0.20, 0.30, 0.30]] * 2)
+    n = 30_000
+    counts_first = [0] * V
+    counts_second = [0] * V
+    for _ in range(n):
+        # the draft is sampled from q (model drafter) or fixed at the unlikely token 4 (one-hot)
+        draft = [int(torch.multinomial(q[0], 1, generator=g)), int(torch.multinomial(q[1], 1, generator=g))] \
+            if with_q else [4, 4]
+        v = accept_sampling(p, draft, q if with_q else None, g)
+        counts_first[v.tokens[0]] += 1
+        if len(v.tokens) > 1:
+            counts_second[v.tokens[1]] += 1
+    ok, chi2 = _chi2_ok(counts_first, p[0].tolist(), n)
+    assert ok, f"first emitted token deviates from p (chi2={chi2:.1f}): {counts_first}"
+    # Given the first emitted token, the second is again ~ p (positions are i.i.d. here).
+    m = sum(counts_second)
+    ok, chi2 = _chi2_ok(counts_second, p[1].tolist(), m)
+    assert ok, f"second emitted token deviates from p (chi2={chi2:.1f}): {counts_second}"
+
+
+def test_rejection_sampling_detects_a_biased_sampler():
+    """The chi-square check itself can fail: a sampler that always accepts is caught."""
+    p = [0.30, 0.25, 0.20, 0.15, 0.07, 0.03]
+    counts = [0, 0, 0, 0, 30_000, 0]
+    assert not _chi2_ok(counts, p, 30_000)[0]
+
+
+def test_accept_sampling_counts():
+    g = torch.Generator().manual_seed(1)
+    p = torch.zeros(3, 5)
+    p[:, 2] = 1.0  # target is certain of token 2
+    v = accept_sampling(p, [2, 2], None, g)
+    assert (v.tokens, v.accepted) == ([2, 2, 2], 2)
+    v = accept_sampling(p, [3, 2], None, g)
+    assert (v.tokens, v.accepted) == ([2], 0)

@@ -1,0 +1,50 @@
+"""The engine's forward against transformers' reference implementation (fp32)."""
+import pytest
+import torch
+
+from backend.engines.torch_llama import TorchLlama
+
+
+@pytest.fixture(scope="module")
+def engines(checkpoint):
+    from transformers import AutoModelForCausalLM
+    hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    return hf, TorchLlama(checkpoint, dtype="fp32", max_slots=4, max_context=256)
+
+
+def test_prefill_matches_transformers(engines, tokenizer):
+    hf, eng = engines
+    ids = tokenizer("The capital of France is Paris. The capital of Germany is").input_ids
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    out = eng.forward([1], [0], [ids])
+    assert torch.allclose(out, ref, atol=1e-3), (out - ref).abs().max()
+
+
+def test_ragged_batch_and_truncation(engines, tokenizer):
+    """Two sequences appending different token counts, one of them after a truncation."""
+    hf, eng = engines
+    ids = tokenizer("Speculative decoding drafts tokens cheaply and verifies them in one pass.").input_ids
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    n = len(ids)
+    eng.forward([0, 2], [0, 0], [ids[:5], ids[:8] + [17, 18, 19]])  # slot 2 gets 3 tokens to be "rejected"
+    out = eng.forward([0, 2], [5, 8], [ids[5:], ids[8:]])  # slot 2 overwrites them (truncate = length)
+    assert torch.allclose(out[: n - 5], ref[5:], atol=1e-3)
+    assert torch.allclose(out[n - 5:], ref[8:], atol=1e-3)
+
+
+def test_move_slot_keeps_the_cache(engines, tokenizer):
+    hf, eng = engines
+    ids = tokenizer("Slots move when a sequence leaves the batch.").input_ids
+    a = eng.forward([3], [0], [ids[:-1]])
+    eng.move_slot(3, 1, len(ids) - 1)
+    last = eng.forward([1], [len(ids) - 1], [ids[-1:]])
+    ref = eng.forward([0], [0], [ids])[-1:]
+    assert torch.allclose(last, ref, atol=1e-4)
+
+
+def test_context_overflow_is_an_error(engines):
+    _, eng = engines
+    with pytest.raises(ValueError, match="context window"):
+        eng.forward([0], [250], [[1] * 10])
