@@ -64,6 +64,32 @@ class LlamaShape:
         )
 
 
+class Linear:
+    """y = x @ W.T with the weight prepacked for oneDNN when it is available.
+
+    Measured here (bf16, 2 cores, weights not in cache): oneDNN with a prepacked
+    weight reads ~20 GB/s for 1..9 rows, i.e. verifying 8 draft tokens costs about
+    what decoding 1 does; unpacked F.linear re-reorders the weight on every call
+    and is ~1.5x slower. Results are identical to F.linear.
+    """
+
+    __slots__ = ("weight", "packed")
+
+    def __init__(self, weight: torch.Tensor):  # weight: [out, in]
+        self.weight = weight.contiguous()
+        self.packed = None
+        if weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available():
+            try:
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 64)
+            except (RuntimeError, AttributeError):  # an older/other build: plain F.linear
+                self.packed = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        return F.linear(x, self.weight)
+
+
 class Layer:
     __slots__ = ("attn_norm", "wqkv", "wo", "mlp_norm", "w_gate_up", "w_down")
 
@@ -91,18 +117,19 @@ class TorchLlama:
             raise ValueError(f"max_context {max_context} exceeds the model's {s.max_positions} positions")
         self.max_slots, self.max_context = max_slots, max_context
         self.embed = w["embed_tokens.weight"]
-        self.lm_head = w["embed_tokens.weight"] if s.tie_embeddings or "lm_head.weight" not in w else w["lm_head.weight"]
+        self.lm_head = Linear(w["embed_tokens.weight"] if s.tie_embeddings or "lm_head.weight" not in w
+                              else w["lm_head.weight"])
         self.final_norm = w["norm.weight"]
         self.layers = []
         for i in range(s.layers):
             p = f"layers.{i}."
             L = Layer()
             L.attn_norm = w[p + "input_layernorm.weight"]
-            L.wqkv = torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]).t().contiguous()
-            L.wo = w[p + "self_attn.o_proj.weight"].t().contiguous()
+            L.wqkv = Linear(torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]))
+            L.wo = Linear(w[p + "self_attn.o_proj.weight"])
             L.mlp_norm = w[p + "post_attention_layernorm.weight"]
-            L.w_gate_up = torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]).t().contiguous()
-            L.w_down = w[p + "mlp.down_proj.weight"].t().contiguous()
+            L.w_gate_up = Linear(torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]))
+            L.w_down = Linear(w[p + "mlp.down_proj.weight"])
             self.layers.append(L)
         # RoPE tables for positions 0..max_context (the last one is the scratch position).
         inv = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.float32) / s.head_dim))
@@ -165,7 +192,7 @@ class TorchLlama:
         qd, kd = s.heads * s.head_dim, s.kv_heads * s.head_dim
         for i, L in enumerate(self.layers):
             h = F.rms_norm(x, (s.hidden,), L.attn_norm, s.rms_eps)
-            qkv = h @ L.wqkv  # [B, S, qd + 2kd]
+            qkv = L.wqkv(h)  # [B, S, qd + 2kd]
             q = qkv[..., :qd].view(B, S, s.heads, s.head_dim)
             k = qkv[..., qd: qd + kd].view(B, S, s.kv_heads, s.head_dim)
             v = qkv[..., qd + kd:].view(B, S, s.kv_heads, s.head_dim)
@@ -182,10 +209,10 @@ class TorchLlama:
             qg = q.view(B, S, s.kv_heads, g, s.head_dim).permute(0, 2, 3, 1, 4).reshape(B, s.kv_heads, g * S, s.head_dim)
             o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)
             o = o.view(B, s.kv_heads, g, S, s.head_dim).permute(0, 3, 1, 2, 4).reshape(B, S, qd)
-            x = x + o @ L.wo
+            x = x + L.wo(o)
             h = F.rms_norm(x, (s.hidden,), L.mlp_norm, s.rms_eps)
-            gu = h @ L.w_gate_up
-            x = x + (F.silu(gu[..., : s.intermediate]) * gu[..., s.intermediate:]) @ L.w_down
+            gu = L.w_gate_up(h)
+            x = x + L.w_down(F.silu(gu[..., : s.intermediate]) * gu[..., s.intermediate:])
         if logit_rows is None:
             rows = x[valid]
         else:
@@ -193,7 +220,7 @@ class TorchLlama:
             si = [r for b in range(B) for r in logit_rows[b]]
             rows = x[bi, si]
         rows = F.rms_norm(rows, (s.hidden,), self.final_norm, s.rms_eps)
-        return (rows @ self.lm_head.t()).float()
+        return self.lm_head(rows).float()
 
     # -- cache management ------------------------------------------------------
     def move_slot(self, src: int, dst: int, length: int) -> None:
