@@ -37,11 +37,15 @@ from .sequence import Sequence
 log = logging.getLogger("specserve.loop")
 
 
+KV_BLOCK_TOKENS = 16  # granularity in which KV headroom is reported to the policy
+
+
 @dataclass(frozen=True)
 class LoopConfig:
     max_batch: int = 8  # running sequences (engine slots)
     limits: Limits = Limits()
     trace_len: int = 10_000  # StepOutcomes kept in memory for inspection
+    tpot_slo_s: Optional[float] = None  # time-per-output-token target handed to the policy
 
 
 @dataclass
@@ -65,13 +69,15 @@ class LoopStats:
 
 class EngineLoop:
     def __init__(self, engine, tokenizer, drafters: Dict[str, Drafter], policy: Policy,
-                 config: LoopConfig = LoopConfig(), clock: Callable[[], float] = time.perf_counter):
+                 config: LoopConfig = LoopConfig(), clock: Callable[[], float] = time.perf_counter,
+                 on_outcome: Optional[Callable[[StepOutcome], None]] = None):
         if config.max_batch > engine.max_slots:
             raise ValueError(f"max_batch {config.max_batch} exceeds the engine's {engine.max_slots} slots")
         if config.limits.max_context > engine.max_context:
             raise ValueError("limits.max_context exceeds the engine's context window")
         self.engine, self.tok, self.drafters, self.policy = engine, tokenizer, drafters, policy
-        self.cfg, self.clock = config, clock
+        self.cfg, self.clock, self.on_outcome = config, clock, on_outcome
+        self.kv_total_blocks = config.max_batch * (config.limits.max_context // KV_BLOCK_TOKENS)
         self.inbox: "queue.Queue[Sequence]" = queue.Queue()
         self.waiting: "collections.deque[Sequence]" = collections.deque()
         self.running: List[Sequence] = []  # running[i].slot == i
@@ -211,12 +217,17 @@ class EngineLoop:
                               max_new_tokens=s.request.max_tokens, temperature=s.request.sampling.temperature,
                               last_drafter=s.last_drafter) for s in self.running]
         infos = [DrafterInfo(name=n, is_model=d.is_model, resident=True) for n, d in self.drafters.items()]
-        return StepContext(step=step, sequences=views, drafters=infos, queue_len=len(self.waiting) + self.inbox.qsize())
+        # KV headroom in blocks of KV_BLOCK_TOKENS over the slots' capacity (free slots count as free).
+        used = sum(-(-s.kv_len // KV_BLOCK_TOKENS) for s in self.running)
+        return StepContext(step=step, sequences=views, drafters=infos, queue_len=len(self.waiting) + self.inbox.qsize(),
+                           kv_free_blocks=self.kv_total_blocks - used, kv_total_blocks=self.kv_total_blocks,
+                           tpot_slo_s=self.cfg.tpot_slo_s)
 
     def _speculative_step(self) -> None:
         t_start = self.clock()
         batch = list(self.running)  # _emit may retire sequences from self.running
-        decision: Decision = self.policy.decide(self._context(self.stats.steps))
+        ctx = self._context(self.stats.steps)
+        decision: Decision = self.policy.decide(ctx)
         max_ctx = self.cfg.limits.max_context
 
         t_draft = self.clock()
@@ -237,6 +248,15 @@ class EngineLoop:
                     draft = Draft(tokens=[])
             drafts.append(draft)
             drafter_names.append(arm.drafter if gamma > 0 else None)
+        # The policy may verify fewer tokens than drafted (AdaSpec's draft-token elimination).
+        proposed = {seq.seq_id: d.confidences for seq, d in zip(batch, drafts) if len(d)}
+        if proposed:
+            keep = self.policy.verify_lengths(ctx, proposed)
+            for seq, d in zip(batch, drafts):
+                k = keep.get(seq.seq_id, len(d))
+                if k < len(d):
+                    d.tokens, d.confidences = d.tokens[:k], d.confidences[:k]
+                    d.q = None if d.q is None else d.q[:k]
 
         t_verify = self.clock()
         # The pending token (last emitted, not yet cached) followed by the drafts.
@@ -264,10 +284,12 @@ class EngineLoop:
 
         outcome = StepOutcome(step=self.stats.steps, batch_size=len(batch), sequences=outcomes,
                               draft_time_s=t_verify - t_draft, verify_time_s=t_accept - t_verify,
-                              accept_time_s=t_io - t_accept, total_time_s=t_end - t_start,
-                              queue_len=len(self.waiting))
+                              accept_time_s=t_io - t_accept, total_time_s=t_end - t_start, io_time_s=t_end - t_io,
+                              kv_free_blocks=ctx.kv_free_blocks, queue_len=ctx.queue_len)
         self.policy.observe(outcome)
         self.trace.append(outcome)
+        if self.on_outcome is not None:
+            self.on_outcome(outcome)
         st = self.stats
         st.steps += 1
         st.sequence_steps += len(batch)
@@ -275,7 +297,7 @@ class EngineLoop:
         st.draft_time_s += outcome.draft_time_s
         st.verify_time_s += outcome.verify_time_s
         st.accept_time_s += outcome.accept_time_s
-        st.io_time_s += t_end - t_io
+        st.io_time_s += outcome.io_time_s
         st.emitted += outcome.emitted
         st.drafted += outcome.drafted
         st.accepted += outcome.accepted

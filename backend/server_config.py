@@ -25,7 +25,8 @@ class ServerConfig:
     policy_config: str = ""  # optional YAML file with the policy's parameters
     drafters: str = "ngram"  # comma-separated drafter names
     chat_template_default: bool = False  # apply the chat template when the request does not say
-    trace_file: str = ""  # append every StepOutcome as a JSON line (for replay)
+    tpot_slo_ms: int = 0  # time-per-output-token target given to SLO-aware policies; 0 = none
+    trace_file: str = ""  # append every StepOutcome as a JSON line (replay: python -m policy.simulator)
 
     @classmethod
     def load(cls, params: Mapping[str, str], env: Mapping[str, str] = os.environ) -> "ServerConfig":

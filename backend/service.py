@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from policy import Policy, make_policy
+from policy.config import policy_from_config
 
 from .drafters import make_drafter
 from .engine_loop import EngineLoop, LoopConfig
@@ -19,15 +20,10 @@ log = logging.getLogger("specserve")
 
 
 def load_policy(cfg: ServerConfig, root: Path) -> Policy:
-    params = {}
-    name = cfg.policy
+    """The policy named by the config, with parameters from its YAML file if given."""
     if cfg.policy_config:
-        try:
-            from policy.config import load_policy_config
-        except ImportError as e:  # policy configs arrive with the policy module's config loader
-            raise ValueError("policy_config needs policy/config.py") from e
-        name, params = load_policy_config(str(cfg.resolve(cfg.policy_config, root)))
-    return make_policy(name, **params)
+        return policy_from_config(str(cfg.resolve(cfg.policy_config, root)))
+    return make_policy(cfg.policy)
 
 
 def build_loop(cfg: ServerConfig, root: Path) -> EngineLoop:
@@ -46,5 +42,18 @@ def build_loop(cfg: ServerConfig, root: Path) -> EngineLoop:
     engine = TorchLlama(ckpt, dtype=cfg.dtype, max_slots=cfg.max_batch, max_context=cfg.max_context)
     drafters = {name: make_drafter(name) for name in filter(None, (n.strip() for n in cfg.drafters.split(",")))}
     loop_cfg = LoopConfig(max_batch=cfg.max_batch,
-                          limits=Limits(max_tokens=cfg.max_tokens_limit, max_context=cfg.max_context))
-    return EngineLoop(engine, tokenizer, drafters, load_policy(cfg, root), loop_cfg)
+                          limits=Limits(max_tokens=cfg.max_tokens_limit, max_context=cfg.max_context),
+                          tpot_slo_s=cfg.tpot_slo_ms / 1000 if cfg.tpot_slo_ms > 0 else None)
+    on_outcome = trace_writer(cfg.resolve(cfg.trace_file, root)) if cfg.trace_file else None
+    return EngineLoop(engine, tokenizer, drafters, load_policy(cfg, root), loop_cfg, on_outcome=on_outcome)
+
+
+def trace_writer(path: Path):
+    """Append each StepOutcome as one JSON line (the simulator replays these files)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a", buffering=1 << 16)
+
+    def write(outcome) -> None:
+        f.write(json.dumps(outcome.to_dict()) + "\n")
+
+    return write

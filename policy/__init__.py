@@ -1,17 +1,23 @@
 """Adaptive speculation policies (pure Python; see ALGORITHMS.md)."""
 from .base import POLICIES, Policy, register
+from .params import PolicyConfigError
 from .types import (NO_SPECULATION, Arm, Decision, DrafterInfo, MemoryAction, SequenceOutcome,
                     SequenceView, StepContext, StepOutcome)
-from . import static  # noqa: F401  (registers off/static)
+# one import per policy module registers it
+from . import static, vllm_disable, hf_heuristic, smartspec  # noqa: F401,E401  baselines
+from . import nightjar, adaspec, dsde, metasd, banditspec, composite  # noqa: F401,E401  papers + ours
 
 
 def make_policy(name: str, **params) -> Policy:
+    """Build a registered policy; `params` are its config fields plus the optional
+    runtime objects clock=, rng= (and profile=/switch_cost= where used)."""
     try:
         cls = POLICIES[name]
     except KeyError:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
+        raise PolicyConfigError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
     return cls(**params)
 
 
-__all__ = ["POLICIES", "Policy", "register", "make_policy", "Arm", "NO_SPECULATION", "Decision",
-           "DrafterInfo", "MemoryAction", "SequenceOutcome", "SequenceView", "StepContext", "StepOutcome"]
+__all__ = ["POLICIES", "Policy", "PolicyConfigError", "register", "make_policy", "Arm", "NO_SPECULATION",
+           "Decision", "DrafterInfo", "MemoryAction", "SequenceOutcome", "SequenceView", "StepContext",
+           "StepOutcome"]

@@ -4,8 +4,9 @@ from __future__ import annotations
 import abc
 import random
 import time
-from typing import Callable, Dict, Type
+from typing import Callable, Dict, Mapping, Type
 
+from .params import NoParams, build_config
 from .types import Decision, StepContext, StepOutcome
 
 Clock = Callable[[], float]
@@ -16,13 +17,23 @@ class Policy(abc.ABC):
 
     Policies never touch tensors or read the time or global RNG themselves: the
     clock and the RNG are injected so runs are deterministic and replayable.
+
+    Parameters arrive either as a ready `config` record (type `Config`) or as
+    keyword arguments, which are validated into one (`params.build_config`).
     """
 
     name: str = ""
+    Config: type = NoParams
 
-    def __init__(self, *, clock: Clock = time.monotonic, rng: random.Random | None = None):
+    def __init__(self, config=None, *, clock: Clock = time.monotonic,
+                 rng: random.Random | None = None, **params):
         self.clock = clock
         self.rng = rng if rng is not None else random.Random(0)
+        if config is None:
+            config = build_config(self.Config, params, self.name)
+        elif params:
+            raise TypeError(f"{type(self).__name__}: pass either config or parameters, not both")
+        self.cfg = config
 
     @abc.abstractmethod
     def decide(self, ctx: StepContext) -> Decision: ...
@@ -34,6 +45,12 @@ class Policy(abc.ABC):
         """Asked between draft sub-steps of a model drafter (AdaSpec's
         predict-execute-correct). `confidences` are q of the tokens drafted so far."""
         return True
+
+    def verify_lengths(self, ctx: StepContext, drafts: Mapping[int, list]) -> Mapping[int, int]:
+        """Asked after drafting, before verification: how many of each sequence's
+        drafted tokens to verify (AdaSpec's draft-token elimination). `drafts`
+        maps seq_id -> q of its drafted tokens. Default: verify all of them."""
+        return {seq_id: len(q) for seq_id, q in drafts.items()}
 
     def on_request_start(self, seq_id: int) -> None:
         """A new sequence joined (MetaSD re-initialises per request)."""
@@ -50,3 +67,20 @@ def register(cls: Type[Policy]) -> Type[Policy]:
         raise TypeError(f"{cls.__name__} needs a name")
     POLICIES[cls.name] = cls
     return cls
+
+
+def resident_names(ctx: StepContext) -> set:
+    """Names of drafters usable this step."""
+    return {d.name for d in ctx.drafters if d.resident}
+
+
+def bucket_of(batch_size: int) -> int:
+    """Power-of-two batch-size bucket: 1, 2, 4 (3-4), 8 (5-8), 16, ...
+
+    >>> [bucket_of(b) for b in (1, 2, 3, 5, 8, 9, 33)]
+    [1, 2, 4, 8, 8, 16, 64]
+    """
+    b = 1
+    while b < batch_size:
+        b *= 2
+    return b

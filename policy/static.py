@@ -1,7 +1,12 @@
-"""Baselines that do not learn: `off` (never speculate) and `static` (fixed arm)."""
+"""Baselines that do not learn: `off` (never speculate) and `static` (fixed arm).
+
+Reward: none (they do not learn)."""
 from __future__ import annotations
 
-from .base import Policy, register
+from dataclasses import dataclass
+
+from .base import Policy, register, resident_names
+from .params import in_range
 from .types import Arm, Decision, StepContext
 
 
@@ -15,21 +20,28 @@ class OffPolicy(Policy):
         return Decision(arms={})
 
 
+@dataclass(frozen=True)
+class StaticConfig:
+    drafter: str = "ngram"
+    gamma: int = 4
+
+    def check(self, policy: str) -> None:
+        in_range(policy, "gamma", self.gamma, 0, 64)
+
+
 @register
 class StaticPolicy(Policy):
     """A fixed (drafter, gamma) for every sequence; falls back to no speculation
     while that drafter is not resident."""
 
     name = "static"
+    Config = StaticConfig
 
-    def __init__(self, drafter: str = "ngram", gamma: int = 4, **kw):
-        super().__init__(**kw)
-        if gamma < 0:
-            raise ValueError(f"static: gamma must be >= 0, got {gamma}")
-        self.arm = Arm(drafter if gamma > 0 else None, gamma)
+    def __init__(self, config=None, **kw):
+        super().__init__(config, **kw)
+        self.arm = Arm(self.cfg.drafter if self.cfg.gamma > 0 else None, self.cfg.gamma)
 
     def decide(self, ctx: StepContext) -> Decision:
-        resident = {d.name for d in ctx.drafters if d.resident}
-        if not self.arm.speculates or self.arm.drafter not in resident:
+        if not self.arm.speculates or self.arm.drafter not in resident_names(ctx):
             return Decision(arms={})
         return Decision(arms={s.seq_id: self.arm for s in ctx.sequences})

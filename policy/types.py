@@ -119,6 +119,7 @@ class StepOutcome:
     verify_time_s: float = 0.0
     accept_time_s: float = 0.0
     total_time_s: float = 0.0  # whole step wall time incl. scheduling
+    io_time_s: float = 0.0  # sending the step's responses (Triton response senders)
     kv_free_blocks: int = 0
     queue_len: int = 0
 

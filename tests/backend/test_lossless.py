@@ -1,8 +1,12 @@
 """Speculation never changes what the target produces: greedy output with any
 drafter and length equals plain greedy decoding token for token (fp32)."""
+from pathlib import Path
+
 import pytest
 
 from backend.engines.torch_llama import TorchLlama
+from policy import POLICIES
+from policy.config import policy_from_config
 from loop_helpers import greedy, make_loop, run_all
 
 ARTICLE = ("The Amazon rainforest covers much of the Amazon basin of South America. This basin encompasses "
@@ -70,3 +74,19 @@ def test_speculative_equals_plain_greedy_in_a_continuous_batch(engine, tokenizer
     for prompt, a, b in zip(PROMPTS, plain, spec):
         assert b.text == a.text, f"batched speculative output differs for {prompt[:40]!r}"
     assert max(o.batch_size for o in loop.trace) == 8
+
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "policies"
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_runs_losslessly_in_the_engine_loop(engine, tokenizer, plain, name):
+    """Each registered policy, built from its example config, drives the real loop;
+    whatever arms it picks, the output is plain greedy's."""
+    loop = make_loop(engine, tokenizer, "off", max_batch=4)
+    loop.policy = policy_from_config(str(CONFIGS / f"{name}.yaml"))
+    spec = [s.chunks[-1] for s in run_all(loop, [greedy(p, 40) for p in PROMPTS[:4]])]
+    for prompt, a, b in zip(PROMPTS, plain, spec):
+        assert b.text == a.text, f"{name}: output differs for {prompt[:40]!r}"
+    if name != "off":
+        assert loop.stats.drafted > 0, f"{name} never speculated on copy-heavy prompts"

@@ -1,0 +1,268 @@
+"""`composite`: our policy — one decision over the joint arm (drafter, gamma) per
+sequence, with batch size, KV headroom, SLO and drafter residency as context.
+
+Reward: measured goodput, emitted tokens / step wall time (`rewards.tokens_per_second`),
+decomposed into the two things that generalise across arms:
+* acceptance alpha per drafter (geometric model, successes/trials from
+  `rewards.acceptance_trials`): a slowly discounted global estimate per drafter
+  plus a fast-discounted estimate per sequence shrunk towards it, so one
+  sequence's evidence serves every gamma, and drift inside a request is
+  followed within a few steps;
+* step time T(B, kind, gamma): the offline profile (AdaSpec's tables, CPU-shaped
+  default) corrected online by a discounted ratio observed/profiled per
+  (batch-size bucket, drafter kind, gamma) — nearest observed gamma for unseen ones.
+Each step, per sequence, the drafter with the best alpha (hysteresis margin
+against flapping; a model drafter that must catch up pays C_switch amortised
+over `switch_amortise_steps`), then gamma = argmax over 0..gamma_max of
+  G(gamma) = sum_i E(alpha_i, gamma) / T(gamma) * (1 + c / sqrt(1 + n_{bucket,gamma}))
+(optimism decaying with counts; gamma = 0 when no arm beats plain decoding),
+subject to the TPOT SLO as in AdaSpec: predicted step time <= tpot_slo_s (a step may
+emit one token per sequence), plain decoding when nothing meets it; then sequences whose expected
+gain does not pay for their verify tokens drop to gamma = 0 (AdaSpec-style
+elimination with the geometric model). KV headroom: while the queue waits and
+free blocks are under tau_low, speculation is off; model drafters are parked
+and reloaded with Nightjar's hysteresis trigger (`elastic.ElasticMemory`);
+model-free drafters stay available while a model drafter is parked.
+Why it should dominate: Nightjar/BanditSpec learn one number per (B, gamma)
+arm from scratch; SmartSpec/AdaSpec trust a model; MetaSD/DSDE ignore cost.
+Sharing alpha across gammas and T across drafters needs far fewer samples,
+per-sequence drafters win on mixed workloads, and the profile-seeded time
+model knows batch-size regimes before visiting them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+from .base import Policy, bucket_of, register
+from .elastic import ElasticMemory, tau_low_blocks
+from .goodput import expected_tokens
+from .params import in_range, require
+from .profiles import StepTimeProfile, SwitchCostTable
+from .rewards import acceptance_trials
+from .types import Arm, Decision, StepContext, StepOutcome
+
+
+def shrunk_rate(s: float, n: float, prior: float, strength: float) -> float:
+    """(s + m * prior) / (n + m): a rate estimate shrunk towards `prior`.
+
+    >>> shrunk_rate(3, 4, 0.5, 4)
+    0.625
+    """
+    return (s + strength * prior) / (n + strength)
+
+
+@dataclass(frozen=True)
+class CompositeConfig:
+    drafters: Tuple[str, ...] = ("draft", "ngram")
+    gamma_max: int = 8
+    prior_alpha: float = 0.5
+    global_discount: float = 0.995
+    seq_discount: float = 0.95
+    shrink: float = 4.0
+    explore: float = 0.3
+    optimism: float = 0.03
+    switch_margin: float = 0.05
+    switch_amortise_steps: int = 4
+    time_ema: float = 0.2
+    profile_path: Optional[str] = None
+    switch_cost_path: Optional[str] = None
+    elastic: bool = True
+    tau_low_frac: float = 0.1
+    t_persist: int = 8
+
+    def check(self, policy: str) -> None:
+        require(len(self.drafters) >= 1, policy, "drafters must be a non-empty list")
+        in_range(policy, "gamma_max", self.gamma_max, 1, 64)
+        in_range(policy, "prior_alpha", self.prior_alpha, 0.0, 0.99)
+        in_range(policy, "global_discount", self.global_discount, 0.5, 1.0)
+        in_range(policy, "seq_discount", self.seq_discount, 0.1, 1.0)
+        in_range(policy, "shrink", self.shrink, 0.0, 1000.0)
+        in_range(policy, "optimism", self.optimism, 0.0, 10.0)
+        in_range(policy, "explore", self.explore, 0.0, 10.0)
+        in_range(policy, "switch_margin", self.switch_margin, 0.0, 1.0)
+        in_range(policy, "switch_amortise_steps", self.switch_amortise_steps, 1, 10_000)
+        in_range(policy, "time_ema", self.time_ema, 0.001, 1.0)
+        in_range(policy, "tau_low_frac", self.tau_low_frac, 0.0, 0.9)
+        in_range(policy, "t_persist", self.t_persist, 1, 10_000)
+
+
+@register
+class Composite(Policy):
+    name = "composite"
+    Config = CompositeConfig
+
+    def __init__(self, config=None, *, profile: Optional[StepTimeProfile] = None,
+                 switch_cost: Optional[SwitchCostTable] = None, **kw):
+        super().__init__(config, **kw)
+        c = self.cfg
+        self.profile = profile or StepTimeProfile.load(c.profile_path)
+        self.c_switch = switch_cost or SwitchCostTable.load(c.switch_cost_path)
+        self.glob: Dict[str, list] = {d: [0.0, 0.0] for d in c.drafters}  # drafter -> [succ, trials]
+        self.seq: Dict[int, Dict[str, list]] = {}
+        self.ratio: Dict[tuple, list] = {}  # (bucket, kind, gamma) -> [observed/profiled, n]
+        self.pulls: Dict[tuple, int] = {}  # (bucket, gamma) -> steps played
+        self.memory = ElasticMemory(c.tau_low_frac, c.t_persist)
+        self._prior_cache: Dict[tuple, float] = {}
+        self._pending: Optional[tuple] = None  # (bucket, kind, gamma, profiled time)
+
+    # -- acceptance -----------------------------------------------------------
+    def alpha(self, seq_id: int, drafter: str) -> float:
+        g = self.glob[drafter]
+        a_glob = shrunk_rate(g[0], g[1], self.cfg.prior_alpha, self.cfg.shrink)
+        s = self.seq.get(seq_id, {}).get(drafter)
+        return a_glob if s is None else shrunk_rate(s[0], s[1], a_glob, self.cfg.shrink)
+
+    def _optimistic(self, seq_id: int, drafter: str) -> float:
+        st = self.seq.get(seq_id, {}).get(drafter)
+        n = st[1] if st else 0.0
+        return self.alpha(seq_id, drafter) + self.cfg.explore / math.sqrt(1.0 + n)
+
+    def _drafter_for(self, v, usable) -> Tuple[str, float]:
+        """Per-sequence drafter: optimistic alpha (explore / sqrt(1 + n_i,d)), with a
+        hysteresis margin before leaving the drafter the sequence used last."""
+        if len(usable) == 1:
+            return usable[0], self.alpha(v.seq_id, usable[0])
+        best = max(usable, key=lambda d: self._optimistic(v.seq_id, d))
+        if v.last_drafter in usable and v.last_drafter != best:
+            gain = self._optimistic(v.seq_id, best) - self._optimistic(v.seq_id, v.last_drafter)
+            if gain < self.cfg.switch_margin:
+                best = v.last_drafter
+        return best, self.alpha(v.seq_id, best)
+
+    # -- step time --------------------------------------------------------------
+    def _profiled(self, batch: int, ctx_len: float, n_tokens: int, gamma: int, n_model: int) -> float:
+        """Profile time of one step: target over n_tokens (+ the model drafter's gamma
+        sub-steps over n_model sequences). Memoised: the tables never change."""
+        key = (int(ctx_len) // 128, n_tokens, gamma, n_model)
+        t = self._prior_cache.get(key)
+        if t is None:
+            t = self.profile.target(ctx_len + gamma / 2, n_tokens)
+            if n_model and gamma:
+                t += gamma * self.profile.draft(ctx_len, n_model) + self.profile.draft_overhead(n_model)
+            if len(self._prior_cache) > 50_000:
+                self._prior_cache.clear()
+            self._prior_cache[key] = t
+        return t
+
+    def _correction(self, bucket: int, kind: str, gamma: int) -> float:
+        """observed/profiled time ratio; unseen gammas borrow the nearest seen one of
+        the same kind, and thin evidence is shrunk towards 1 (the profile)."""
+        r = self.ratio.get((bucket, kind, gamma))
+        if r is None:
+            seen = [(abs(g - gamma), v[0], v[1]) for (b, k, g), v in self.ratio.items()
+                    if b == bucket and k == kind]
+            if not seen:
+                return 1.0
+            r = min(seen)[1:]
+        ratio, n = r
+        return (ratio * n + 1.0) / (n + 1.0)
+
+    def step_time(self, batch: int, ctx_len: float, n_tokens: int, gamma: int, n_model: int) -> float:
+        kind = "none" if gamma == 0 else ("model" if n_model else "free")
+        return (self._profiled(batch, ctx_len, n_tokens, gamma, n_model)
+                * self._correction(bucket_of(batch), kind, gamma))
+
+    # -- decision ---------------------------------------------------------------
+    def decide(self, ctx: StepContext) -> Decision:
+        c, b = self.cfg, ctx.batch_size
+        self._pending = None
+        if b == 0:
+            return Decision(arms={})
+        info = {d.name: d for d in ctx.drafters}
+        usable = [d for d in c.drafters if d in info and info[d].resident]
+        tau = tau_low_blocks(ctx, c.tau_low_frac)
+        pressure = ctx.queue_len > 0 and ctx.kv_free_blocks < tau
+        ctx_len = sum(v.context_len for v in ctx.sequences) / b
+        arms, n_model, catch_up = {}, 0, 0.0
+        if usable and not pressure:
+            arms, n_model, catch_up = self._choose(ctx, ctx_len, usable, info)
+        gamma = max((a.gamma for a in arms.values()), default=0)
+        actions = self.memory.update(ctx, sd_enabled=gamma > 0) if c.elastic else []
+        n_tok = b + sum(a.gamma for a in arms.values())
+        kind = "none" if gamma == 0 else ("model" if n_model else "free")
+        self._pending = (bucket_of(b), kind, gamma, self._profiled(b, ctx_len, n_tok, gamma, n_model), catch_up)
+        return Decision(arms=arms, memory_actions=tuple(actions))
+
+    def _choose(self, ctx: StepContext, ctx_len: float, usable, info):
+        c, b = self.cfg, ctx.batch_size
+        bucket = bucket_of(b)
+        picks = [(v, *self._drafter_for(v, usable)) for v in ctx.sequences]
+        model = [info[d].is_model for _, d, _ in picks]
+        n_model = sum(model)
+        l_max = max((v.uncaught_tokens.get(d, 0) for (v, d, _), m in zip(picks, model) if m), default=0)
+        catch_up = self.c_switch(l_max, b) if n_model else 0.0
+        amortised = catch_up / c.switch_amortise_steps
+        total_pulls = sum(n for (bk, _), n in self.pulls.items() if bk == bucket) + 1
+        t0 = self.step_time(b, ctx_len, b, 0, 0)
+        best = (0, b / t0 * (1.0 + self._bonus(bucket, 0, total_pulls)), t0, float(b))
+        fallback = (0, t0, t0, float(b))
+        slo = ctx.tpot_slo_s
+        if slo is not None and t0 > slo:
+            best = (0, -1.0, t0, float(b))
+        for g in range(1, c.gamma_max + 1):
+            t = self.step_time(b, ctx_len, b * (g + 1), g, n_model) + amortised
+            e = sum(expected_tokens(a, g) for _, _, a in picks)
+            if slo is not None and t > slo:
+                continue
+            val = e / t * (1.0 + self._bonus(bucket, g, total_pulls))
+            if val > best[1]:
+                best = (g, val, t, e)
+        g, val, t_full, e_tot = best if best[1] >= 0 else fallback
+        if g == 0:
+            return {}, 0, 0.0
+        # per-sequence elimination: drop low-alpha sequences while goodput rises
+        keep = {v.seq_id for v, _, _ in picks}
+        n_tok = b * (g + 1)
+        for (v, d, a), m in sorted(zip(picks, model), key=lambda p: p[0][2]):
+            e_new = e_tot - (expected_tokens(a, g) - 1.0)
+            n_m = n_model - m
+            t_new = self.step_time(b, ctx_len, n_tok - g, g if len(keep) > 1 else 0, n_m) + amortised * (n_m > 0)
+            if e_new / t_new <= e_tot / t_full:
+                break
+            keep.discard(v.seq_id)
+            e_tot, t_full, n_tok, n_model = e_new, t_new, n_tok - g, n_m
+            if not keep:
+                break
+        arms = {v.seq_id: Arm(d, g) for v, d, _ in picks if v.seq_id in keep}
+        return arms, n_model, (catch_up if n_model else 0.0)
+
+    def _bonus(self, bucket: int, gamma: int, total: int) -> float:
+        """Optimism for rarely played gammas in this bucket, decaying with counts."""
+        n = self.pulls.get((bucket, gamma), 0)
+        return self.cfg.optimism * math.sqrt(math.log(total + 1) / (1 + n))
+
+    # -- learning -------------------------------------------------------------
+    def observe(self, outcome: StepOutcome) -> None:
+        c = self.cfg
+        for s in outcome.sequences:
+            if s.gamma <= 0 or s.drafter not in self.glob:
+                continue
+            succ, trials = acceptance_trials(s)
+            g = self.glob[s.drafter]
+            g[0], g[1] = g[0] * c.global_discount + succ, g[1] * c.global_discount + trials
+            per = self.seq.setdefault(s.seq_id, {})
+            for d, st in per.items():  # the sequence moved on: discount all its drafters
+                st[0] *= c.seq_discount
+                st[1] *= c.seq_discount
+            st = per.setdefault(s.drafter, [0.0, 0.0])
+            st[0] += succ
+            st[1] += trials
+        if self._pending is None or outcome.total_time_s <= 0:
+            return
+        bucket, kind, gamma, profiled, catch_up = self._pending
+        self._pending = None
+        played = max((s.gamma for s in outcome.sequences), default=0)
+        if played != gamma:
+            kind, gamma = ("none", 0) if played == 0 else (kind, played)
+            profiled = None
+        if profiled:  # learn the ratio without the one-off catch-up (priced separately)
+            obs = max(outcome.total_time_s - catch_up, 0.0) / profiled
+            r = self.ratio.setdefault((bucket, kind, gamma), [obs, 0])
+            r[0] += c.time_ema * (obs - r[0])
+            r[1] += 1
+        self.pulls[(bucket, gamma)] = self.pulls.get((bucket, gamma), 0) + 1
+
+    def on_request_end(self, seq_id: int) -> None:
+        self.seq.pop(seq_id, None)

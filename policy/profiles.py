@@ -1,0 +1,145 @@
+"""Offline-profiled cost tables the policies read (built by build_engines/'s
+profiler; JSON on disk). When no file is given, defaults are generated from the
+CPU-shaped model in `costmodel` so the shapes are sane.
+
+Switch-cost JSON (Nightjar Table III):
+    {"l_max": [16, 64, 256], "batch": [1, 2, 4], "seconds": [[...per batch...], ...per l_max]}
+Step-time JSON (AdaSpec):
+    {"ctx_buckets": [256, 1024], "token_batch": [1, 2, 4, ...],
+     "target_s": [[...per token_batch...], ...per bucket], "draft_s": [[...]],
+     "target_overhead_s": [...per token_batch], "draft_overhead_s": [...]}
+"""
+from __future__ import annotations
+
+import bisect
+import functools
+import json
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import costmodel
+from .params import PolicyConfigError
+
+
+def interp1(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """Piecewise-linear in the grid, linear extrapolation from the end segments.
+
+    >>> interp1([1, 2, 4], [10, 20, 30], 3), interp1([1, 2, 4], [10, 20, 30], 8)
+    (25.0, 50.0)
+    """
+    if len(xs) == 1:
+        return float(ys[0])
+    i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise PolicyConfigError(f"cannot read profile {path!r}: {e}") from None
+
+
+@dataclass(frozen=True)
+class SwitchCostTable:
+    """C_switch(L_max, B) in seconds (Nightjar §4.3)."""
+
+    l_max: Tuple[int, ...]
+    batch: Tuple[int, ...]
+    seconds: Tuple[Tuple[float, ...], ...]  # [l_max index][batch index]
+
+    def __call__(self, l_max: int, batch: int) -> float:
+        if l_max <= 0:
+            return 0.0
+        rows = [interp1(self.batch, row, batch) for row in self.seconds]
+        return max(0.0, interp1(self.l_max, rows, l_max))
+
+    @classmethod
+    def default(cls) -> "SwitchCostTable":
+        ls, bs = (16, 64, 256, 1024), (1, 2, 4, 8, 16, 32, 64)
+        return cls(ls, bs, tuple(tuple(costmodel.catch_up_time_s(l, b) for b in bs) for l in ls))
+
+    @classmethod
+    def load(cls, path: Optional[str]) -> "SwitchCostTable":
+        if not path:
+            return cls.default()
+        d = _read_json(path)
+        try:
+            t = cls(tuple(d["l_max"]), tuple(d["batch"]), tuple(tuple(map(float, r)) for r in d["seconds"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise PolicyConfigError(f"switch-cost profile {path!r} malformed: {e}") from None
+        if len(t.seconds) != len(t.l_max) or any(len(r) != len(t.batch) for r in t.seconds):
+            raise PolicyConfigError(f"switch-cost profile {path!r}: seconds must be len(l_max) x len(batch)")
+        return t
+
+
+@dataclass(frozen=True)
+class StepTimeProfile:
+    """AdaSpec's tables: per context bucket, forward time by token-batch size, a
+    per-bucket linear fit for extrapolation beyond the grid, and fixed overheads."""
+
+    ctx_buckets: Tuple[int, ...]
+    token_batch: Tuple[int, ...]
+    target_s: Tuple[Tuple[float, ...], ...]
+    draft_s: Tuple[Tuple[float, ...], ...]
+    target_overhead_s: Tuple[float, ...]
+    draft_overhead_s: Tuple[float, ...]
+
+    def bucket(self, ctx_len: float) -> int:
+        """Index of the smallest bucket >= ctx_len (last bucket beyond the grid)."""
+        return min(bisect.bisect_left(self.ctx_buckets, ctx_len), len(self.ctx_buckets) - 1)
+
+    def _lookup(self, table, bucket: int, n: float) -> float:
+        xs, ys = self.token_batch, table[bucket]
+        if n <= xs[-1]:
+            return interp1(xs, ys, n)
+        slope, icpt = _linear_fit(xs, ys)
+        return slope * n + icpt
+
+    def target(self, ctx_len: float, n_tokens: float) -> float:
+        b = self.bucket(ctx_len)
+        return self._lookup(self.target_s, b, n_tokens) + interp1(self.token_batch, self.target_overhead_s, n_tokens)
+
+    def draft(self, ctx_len: float, batch: float) -> float:
+        b = self.bucket(ctx_len)
+        return self._lookup(self.draft_s, b, batch)
+
+    def draft_overhead(self, batch: float) -> float:
+        return interp1(self.token_batch, self.draft_overhead_s, batch)
+
+    @classmethod
+    def default(cls) -> "StepTimeProfile":
+        """Profiled like the paper's offline tool: decode-shaped forwards of n tokens."""
+        grid = (1, 2, 4, 8, 16, 32, 64)
+        buckets = (256, 1024, 4096)
+        tgt = tuple(float(costmodel.target_time_s(n, 0)) for n in grid)
+        drf = tuple(float(costmodel.draft_time_s(n, 1, True)) for n in grid)
+        zeros = tuple(0.0 for _ in grid)
+        return cls(buckets, grid, (tgt,) * 3, (drf,) * 3, zeros, zeros)
+
+    @classmethod
+    def load(cls, path: Optional[str]) -> "StepTimeProfile":
+        if not path:
+            return cls.default()
+        d = _read_json(path)
+        try:
+            n = len(d["token_batch"])
+            zeros = [0.0] * n
+            p = cls(tuple(d["ctx_buckets"]), tuple(d["token_batch"]),
+                    tuple(tuple(map(float, r)) for r in d["target_s"]),
+                    tuple(tuple(map(float, r)) for r in d["draft_s"]),
+                    tuple(map(float, d.get("target_overhead_s", zeros))),
+                    tuple(map(float, d.get("draft_overhead_s", zeros))))
+        except (KeyError, TypeError, ValueError) as e:
+            raise PolicyConfigError(f"step-time profile {path!r} malformed: {e}") from None
+        return p
+
+
+@functools.lru_cache(maxsize=64)
+def _linear_fit(xs, ys) -> Tuple[float, float]:
+    slope, icpt = np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)
+    return float(slope), float(icpt)

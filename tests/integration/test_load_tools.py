@@ -1,0 +1,35 @@
+"""NVIDIA's real load-testing clients work against the server unchanged."""
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = ROOT / ".cache" / "loadtools" / "bin"
+
+
+def _tool(name):
+    path = TOOLS / name
+    assert path.exists(), f"{path} missing: scripts/setup.sh installs it (scripts/setup_loadtools.sh)"
+    return str(path)
+
+
+def test_perf_analyzer_streams_against_the_server(server):
+    out = subprocess.run(
+        [_tool("perf_analyzer"), "-m", "llm", "-u", server.grpc, "-i", "grpc", "--streaming",
+         "--input-data", str(ROOT / "bench" / "perf_analyzer_input.json"), "--concurrency-range", "2",
+         "--request-count", "6"],
+        capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "Throughput:" in out.stdout and "Response Throughput" in out.stdout
+
+
+def test_genai_perf_profiles_the_server(server, tmp_path, checkpoint):
+    out = subprocess.run(
+        [_tool("genai-perf"), "profile", "-m", "llm", "--endpoint-type", "kserve", "--backend", "tensorrtllm",
+         "-u", server.grpc, "--streaming", "--tokenizer", str(checkpoint), "--concurrency", "2",
+         "--request-count", "4", "--synthetic-input-tokens-mean", "32", "--output-tokens-mean", "16",
+         "--artifact-dir", str(tmp_path / "artifacts")],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=dict(os.environ, COLUMNS="200"))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "Output Token Throughput" in out.stdout
+    assert list((tmp_path / "artifacts").rglob("profile_export_genai_perf.json"))
