@@ -73,6 +73,7 @@ def plot(rows, path):
         if ax is not axes[0]:
             ax.set_yticklabels([])
     fig.tight_layout()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     fig.savefig(path, dpi=110)
     print(f"plot written to {path}")
 
