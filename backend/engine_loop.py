@@ -199,6 +199,8 @@ class EngineLoop:
                                      logit_rows=[[len(s.prompt_ids) - 1] for s in new])
         for i, seq in enumerate(new):
             seq.kv_len = len(seq.prompt_ids)
+            for d in self.drafters.values():  # drafters learn where the prompt ends
+                d.commit(seq.seq_id, seq.prompt_ids)
             first = self._sample_one(seq, logits[i: i + 1])
             seq.first_token_s = self.clock()
             seq.append([first], self.cfg.limits.max_context)
@@ -310,8 +312,8 @@ class EngineLoop:
         seq.accepted += verdict.accepted
         seq.last_drafter = drafter
         seq.append(verdict.tokens, self.cfg.limits.max_context)
-        if drafter is not None and not seq.finished:
-            self.drafters[drafter].commit(seq.seq_id, seq.tokens)
+        for d in self.drafters.values():  # every drafter sees every committed token (suffix store)
+            d.commit(seq.seq_id, seq.tokens)
 
     def _emit(self, seqs: List[Sequence]) -> None:
         """Send what each sequence produced; retire finished ones."""

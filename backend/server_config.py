@@ -23,7 +23,7 @@ class ServerConfig:
     threads: int = 0  # torch intra-op threads; 0 = all cores
     policy: str = "static"  # a registered policy name (see policy/)
     policy_config: str = ""  # optional YAML file with the policy's parameters
-    drafters: str = "ngram"  # comma-separated drafter names
+    drafters: str = "ngram,suffix"  # comma-separated drafter names
     chat_template_default: bool = False  # apply the chat template when the request does not say
     tpot_slo_ms: int = 0  # time-per-output-token target given to SLO-aware policies; 0 = none
     trace_file: str = ""  # append every StepOutcome as a JSON line (replay: python -m policy.simulator)

@@ -54,10 +54,10 @@ def _token_ids(tokenizer, text):
     return tokenizer(text, add_special_tokens=False).input_ids
 
 
-@pytest.mark.parametrize("gamma", [2, 5])
-def test_speculative_equals_plain_greedy_batch1(engine, tokenizer, plain, gamma):
+@pytest.mark.parametrize("drafter,gamma", [("ngram", 2), ("ngram", 5), ("suffix", 4)])
+def test_speculative_equals_plain_greedy_batch1(engine, tokenizer, plain, drafter, gamma):
     assert len(PROMPTS) >= 20
-    loop = make_loop(engine, tokenizer, "static", max_batch=1, drafter="ngram", gamma=gamma)
+    loop = make_loop(engine, tokenizer, "static", max_batch=1, drafter=drafter, gamma=gamma)
     spec = [s.chunks[-1] for s in run_all(loop, [greedy(p, 40) for p in PROMPTS])]
     for prompt, a, b in zip(PROMPTS, plain, spec):
         assert b.text == a.text, f"speculative output differs for {prompt[:40]!r}"
