@@ -21,7 +21,7 @@ class ServerConfig:
     max_tokens_limit: int = 1024  # largest max_tokens a request may ask for
     default_max_tokens: int = 64  # when a request does not send max_tokens
     threads: int = 0  # torch intra-op threads; 0 = all cores
-    policy: str = "static"  # a registered policy name (see policy/)
+    policy: str = "composite"  # a registered policy name (see policy/)
     policy_config: str = ""  # optional YAML file with the policy's parameters
     drafters: str = "ngram,suffix"  # comma-separated drafter names
     chat_template_default: bool = False  # apply the chat template when the request does not say

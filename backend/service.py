@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from policy import Policy, make_policy
-from policy.config import policy_from_config
+from policy.config import load_policy_config
 
 from .drafters import make_drafter
 from .engine_loop import EngineLoop, LoopConfig
@@ -20,10 +20,15 @@ log = logging.getLogger("specserve")
 
 
 def load_policy(cfg: ServerConfig, root: Path) -> Policy:
-    """The policy named by the config, with parameters from its YAML file if given."""
-    if cfg.policy_config:
-        return policy_from_config(str(cfg.resolve(cfg.policy_config, root)))
-    return make_policy(cfg.policy)
+    """The policy named by the config, with parameters from its YAML file if given.
+    Relative profile paths (`*_path` parameters) are relative to the project root."""
+    if not cfg.policy_config:
+        return make_policy(cfg.policy)
+    name, params = load_policy_config(str(cfg.resolve(cfg.policy_config, root)))
+    for key, value in params.items():
+        if key.endswith("_path") and value:
+            params[key] = str(cfg.resolve(value, root))
+    return make_policy(name, **params)
 
 
 def build_loop(cfg: ServerConfig, root: Path) -> EngineLoop:

@@ -30,7 +30,7 @@ from prompts import COPY_HEAVY, FREE_FORM  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CHECKPOINT = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
-ARMS = [("off", {}), ("static", {"gamma": 2}), ("static", {"gamma": 4}), ("static", {"gamma": 8})]
+ARMS = [("off", {}), ("static", {"gamma": 2}), ("static", {"gamma": 4}), ("static", {"gamma": 8}), ("composite", {})]
 
 
 def log(msg):
@@ -38,7 +38,16 @@ def log(msg):
 
 
 def arm_label(policy, params):
+    if policy == "composite":
+        return "composite"
     return "plain" if policy == "off" else f"ngram γ={params['gamma']}"
+
+
+def composite_policy():
+    """Our adaptive policy exactly as the server builds it from its example config."""
+    from backend.server_config import ServerConfig
+    from backend.service import load_policy
+    return load_policy(ServerConfig(policy_config="configs/policies/composite.yaml"), ROOT)
 
 
 # -- Part A ------------------------------------------------------------------------------------
@@ -58,7 +67,10 @@ def part_a(max_tokens: int, repeats: int) -> list:
         for policy, params in ARMS:
             best = None
             for _ in range(repeats):  # best of N: the machine is shared and noisy
-                loop = make_loop(engine, tok, policy, max_batch=1, **({"drafter": "ngram", **params} if params else {}))
+                loop = make_loop(engine, tok, "off" if policy == "composite" else policy, max_batch=1,
+                                 **({"drafter": "ngram", **params} if params else {}))
+                if policy == "composite":
+                    loop.policy = composite_policy()
                 req = GenerationRequest(prompt=prompt, max_tokens=max_tokens, apply_chat_template=True,
                                         exclude_input_in_output=True)
                 t0 = time.perf_counter()
@@ -131,13 +143,15 @@ def part_b(max_tokens: int, concurrencies) -> list:
 
     pool = list(COPY_HEAVY.values()) + list(FREE_FORM.values())
     rows = []
-    for policy, params in [("off", {}), ("static", {"gamma": 4})]:
+    for policy, params in [("off", {}), ("static", {"gamma": 4}), ("composite", {})]:
         label = arm_label(policy, params)
         env = {"SPECSERVE_POLICY": policy, "SPECSERVE_MAX_BATCH": str(max(concurrencies))}
-        if params:
+        if policy == "static":
             cfg = RESULTS / f"policy_{policy}_{params['gamma']}.yaml"
             cfg.write_text(f"policy: static\nparams:\n  drafter: ngram\n  gamma: {params['gamma']}\n")
             env["SPECSERVE_POLICY_CONFIG"] = str(cfg)
+        elif policy == "composite":
+            env["SPECSERVE_POLICY_CONFIG"] = str(ROOT / "configs" / "policies" / "composite.yaml")
         log(f"  starting Triton with policy {label}")
         with open(RESULTS / "server.log", "a") as server_log:
             proc, ports = start_server(env=env, log_file=server_log)

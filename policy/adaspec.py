@@ -26,7 +26,7 @@ from .types import Arm, Decision, StepContext, StepOutcome
 
 @dataclass(frozen=True)
 class AdaSpecConfig:
-    drafter: str = "draft"
+    drafter: str = "ngram"  # the server's always-available drafter
     gamma_max: int = 8
     initial_confidence: float = 0.6
     profile_path: Optional[str] = None

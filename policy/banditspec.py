@@ -34,7 +34,7 @@ def arm_set(drafters, gammas) -> List[Arm]:
 
 @dataclass(frozen=True)
 class BanditSpecConfig:
-    drafters: Tuple[str, ...] = ("draft",)
+    drafters: Tuple[str, ...] = ("ngram",)
     gammas: Tuple[int, ...] = (0, 1, 2, 3, 4)
     algorithm: str = "ucbspec"
     reward: str = "throughput"

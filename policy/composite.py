@@ -55,7 +55,7 @@ def shrunk_rate(s: float, n: float, prior: float, strength: float) -> float:
 
 @dataclass(frozen=True)
 class CompositeConfig:
-    drafters: Tuple[str, ...] = ("draft", "ngram")
+    drafters: Tuple[str, ...] = ("ngram", "suffix")
     gamma_max: int = 8
     prior_alpha: float = 0.5
     global_discount: float = 0.995

@@ -95,7 +95,7 @@ def batch_cap(lengths: Sequence[int]) -> int:
 
 @dataclass(frozen=True)
 class DsdeConfig:
-    drafter: str = "draft"
+    drafter: str = "ngram"  # the server's always-available drafter
     sl_a_max: int = 8
     sl_min: int = 2
     delta: float = 0.85

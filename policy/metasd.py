@@ -23,7 +23,7 @@ ALGORITHMS = ("ucb", "exp3", "sh", "ducb", "swucb")
 
 @dataclass(frozen=True)
 class MetaSdConfig:
-    drafters: Tuple[str, ...] = ("draft", "ngram")
+    drafters: Tuple[str, ...] = ("ngram", "suffix")
     gamma: int = 4
     algorithm: str = "ucb"
     reward: str = "bd"

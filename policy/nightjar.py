@@ -72,7 +72,7 @@ def exploit_gamma(means: Dict[int, float], prev_gamma: int, c_switch_s: float) -
 
 @dataclass(frozen=True)
 class NightjarConfig:
-    drafter: str = "draft"
+    drafter: str = "ngram"  # the server's always-available drafter
     gamma_max: int = 4
     switch_cost_path: Optional[str] = None
     elastic: bool = True

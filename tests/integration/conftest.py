@@ -12,7 +12,6 @@ SERVER_ENV = {  # small limits so the bad-input cases are cheap to reach
     "SPECSERVE_MAX_BATCH": "8",
     "SPECSERVE_MAX_CONTEXT": "512",
     "SPECSERVE_MAX_TOKENS_LIMIT": "256",
-    "SPECSERVE_POLICY": "static",
 }
 
 
