@@ -46,6 +46,7 @@ class LoopConfig:
     limits: Limits = Limits()
     trace_len: int = 10_000  # StepOutcomes kept in memory for inspection
     tpot_slo_s: Optional[float] = None  # time-per-output-token target handed to the policy
+    cancel_poll_s: float = 0.05  # how often to ask the sinks whether their clients cancelled
 
 
 @dataclass
@@ -67,6 +68,33 @@ class LoopStats:
     cancelled: int = 0
 
 
+def prefill_groups(lengths: List[int], max_waste: float = 0.25, max_tokens: int = 4096) -> List[List[int]]:
+    """Group prompts (by index) for batched prefill so padding stays small.
+
+    A ragged forward pads every prompt to the longest in its group; prompts are
+    taken shortest first and a group closes when padding would exceed `max_waste`
+    of its real tokens or its padded size would exceed `max_tokens`.
+
+    >>> prefill_groups([250, 20, 240, 25])
+    [[1, 3], [2, 0]]
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups: List[List[int]] = []
+    real = 0
+    for i in order:
+        n = lengths[i]
+        if groups:
+            g = groups[-1]
+            padded = n * (len(g) + 1)  # n is the new longest (ascending order)
+            if padded <= (1 + max_waste) * (real + n) and padded <= max_tokens:
+                g.append(i)
+                real += n
+                continue
+        groups.append([i])
+        real = n
+    return groups
+
+
 class EngineLoop:
     def __init__(self, engine, tokenizer, drafters: Dict[str, Drafter], policy: Policy,
                  config: LoopConfig = LoopConfig(), clock: Callable[[], float] = time.perf_counter,
@@ -84,6 +112,7 @@ class EngineLoop:
         self.trace: "collections.deque[StepOutcome]" = collections.deque(maxlen=config.trace_len)
         self.stats = LoopStats()
         self._ids = iter(range(1, 1 << 62))
+        self._last_cancel_check = float("-inf")
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         eos = engine.shape.eos_token_id
@@ -174,6 +203,12 @@ class EngineLoop:
             pass
 
     def _drop_cancelled(self) -> None:
+        # Each check is an IPC round trip to the server per sequence: poll a few times a second
+        # at most, not every step (a cancelled sequence runs at most one more interval).
+        now = self.clock()
+        if now - self._last_cancel_check < self.cfg.cancel_poll_s:
+            return
+        self._last_cancel_check = now
         for seq in [s for s in list(self.waiting) + self.running if s.sink.cancelled()]:
             seq.finish_reason = "cancelled"
             self.stats.cancelled += 1
@@ -194,7 +229,14 @@ class EngineLoop:
         if not new:
             return
         t0 = self.clock()
-        # One ragged forward for all new prompts; logits only at each prompt's last position.
+        for group in prefill_groups([len(s.prompt_ids) for s in new]):
+            self._prefill([new[i] for i in group])
+        self.stats.prefills += len(new)
+        self.stats.prefill_time_s += self.clock() - t0
+        self._emit(new)
+
+    def _prefill(self, new: List[Sequence]) -> None:
+        """One ragged forward for these prompts; logits only at each prompt's last position."""
         logits = self.engine.forward([s.slot for s in new], [0] * len(new), [s.prompt_ids for s in new],
                                      logit_rows=[[len(s.prompt_ids) - 1] for s in new])
         for i, seq in enumerate(new):
@@ -204,9 +246,6 @@ class EngineLoop:
             first = self._sample_one(seq, logits[i: i + 1])
             seq.first_token_s = self.clock()
             seq.append([first], self.cfg.limits.max_context)
-        self.stats.prefills += len(new)
-        self.stats.prefill_time_s += self.clock() - t0
-        self._emit(new)
 
     def _sample_one(self, seq: Sequence, logits: torch.Tensor) -> int:
         if seq.request.sampling.greedy:

@@ -33,12 +33,12 @@ class ListSink:
         return "".join(c.text for c in self.chunks)
 
 
-def make_loop(engine, tokenizer, policy: str = "off", max_batch: int = 8, max_context: int | None = None,
+def make_loop(engine, tokenizer, policy: str = "off", max_batch: int | None = None, max_context: int | None = None,
               drafters: Dict | None = None, **policy_params) -> EngineLoop:
     limits = Limits(max_tokens=4096, max_context=max_context or engine.max_context)
     drafters = drafters if drafters is not None else {n: make_drafter(n) for n in ("ngram", "suffix")}
     return EngineLoop(engine, tokenizer, drafters, make_policy(policy, **policy_params),
-                      LoopConfig(max_batch=max_batch, limits=limits))
+                      LoopConfig(max_batch=max_batch or engine.max_slots, limits=limits))
 
 
 def run_all(loop: EngineLoop, requests, max_steps: int = 100_000) -> List[ListSink]:

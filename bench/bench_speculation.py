@@ -145,7 +145,8 @@ def part_b(max_tokens: int, concurrencies) -> list:
     rows = []
     for policy, params in [("off", {}), ("static", {"gamma": 4}), ("composite", {})]:
         label = arm_label(policy, params)
-        env = {"SPECSERVE_POLICY": policy, "SPECSERVE_MAX_BATCH": str(max(concurrencies))}
+        # An empty SPECSERVE_POLICY_CONFIG clears config.pbtxt's default policy file.
+        env = {"SPECSERVE_POLICY": policy, "SPECSERVE_POLICY_CONFIG": "", "SPECSERVE_MAX_BATCH": str(max(concurrencies))}
         if policy == "static":
             cfg = RESULTS / f"policy_{policy}_{params['gamma']}.yaml"
             cfg.write_text(f"policy: static\nparams:\n  drafter: ngram\n  gamma: {params['gamma']}\n")
@@ -202,8 +203,18 @@ def plot(a_rows, b_rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2 if b_rows else 1, figsize=(13 if b_rows else 7, 4.5), squeeze=False)
-    ax = axes[0][0]
+    panels = [rows for rows in (a_rows, b_rows) if rows]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
+    axes = list(axes[0])
+    if a_rows:
+        plot_engine(axes.pop(0), a_rows)
+    if b_rows:
+        plot_server(axes.pop(0), b_rows)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def plot_engine(ax, a_rows):
     prompts = list(dict.fromkeys(r["prompt"] for r in a_rows))
     arms = list(dict.fromkeys(r["arm"] for r in a_rows))
     width = 0.8 / len(arms)
@@ -215,18 +226,17 @@ def plot(a_rows, b_rows, path):
     ax.set_ylabel("tokens/s (batch 1, bf16)")
     ax.set_title("Engine loop, batch 1")
     ax.legend()
-    if b_rows:
-        ax = axes[0][1]
-        for arm in dict.fromkeys(r["arm"] for r in b_rows):
-            pts = [(r["concurrency"], r["tok_s"]) for r in b_rows if r["arm"] == arm]
-            ax.plot(*zip(*pts), marker="o", label=arm)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent streams")
-        ax.set_ylabel("aggregate output tokens/s")
-        ax.set_title("Through Triton (gRPC streaming)")
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+
+
+def plot_server(ax, b_rows):
+    for arm in dict.fromkeys(r["arm"] for r in b_rows):
+        pts = [(r["concurrency"], r["tok_s"]) for r in b_rows if r["arm"] == arm]
+        ax.plot(*zip(*pts), marker="o", label=arm)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent streams")
+    ax.set_ylabel("aggregate output tokens/s")
+    ax.set_title("Through Triton (gRPC streaming)")
+    ax.legend()
 
 
 def main(argv=None) -> int:
@@ -235,19 +245,23 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--skip-server", action="store_true")
+    ap.add_argument("--skip-engine", action="store_true", help="only Part B (through Triton)")
     args = ap.parse_args(argv)
     import torch
     torch.set_num_threads(torch.get_num_threads())
     RESULTS.mkdir(parents=True, exist_ok=True)
-    log(f"Part A: engine loop in-process, batch 1, bf16, {args.max_tokens} new tokens, best of {args.repeats}")
-    a_rows = part_a(args.max_tokens, args.repeats)
+    a_rows = []
+    if not args.skip_engine:
+        log(f"Part A: engine loop in-process, batch 1, bf16, {args.max_tokens} new tokens, best of {args.repeats}")
+        a_rows = part_a(args.max_tokens, args.repeats)
     b_rows = []
     if not args.skip_server:
         log(f"Part B: real Triton server, gRPC streaming, {args.max_tokens // 2} new tokens per request")
         b_rows = part_b(args.max_tokens // 2, args.concurrency)
-    (RESULTS / "speculation.json").write_text(json.dumps({"part_a": a_rows, "part_b": b_rows}, indent=1))
-    plot(a_rows, b_rows, RESULTS / "speculation.png")
-    log(f"wrote {RESULTS / 'speculation.json'} and {RESULTS / 'speculation.png'}")
+    stem = "speculation" + ("_server" if args.skip_engine else "_engine" if args.skip_server else "")
+    (RESULTS / f"{stem}.json").write_text(json.dumps({"part_a": a_rows, "part_b": b_rows}, indent=1))
+    plot(a_rows, b_rows, RESULTS / f"{stem}.png")
+    log(f"wrote {RESULTS / stem}.json and .png")
     return 0
 
 

@@ -1,0 +1,79 @@
+"""The engine loop with the real model: continuous batching, cancellation, refusals."""
+import time
+
+import pytest
+
+from backend.engine_loop import prefill_groups
+from backend.engines.torch_llama import TorchLlama
+from backend.request import GenerationRequest, RequestError
+from loop_helpers import ListSink, greedy, make_loop, run_all
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoint):
+    return TorchLlama(checkpoint, dtype="bf16", max_slots=4, max_context=256)
+
+
+def test_prefill_groups_limit_padding():
+    assert prefill_groups([250, 20, 240, 25]) == [[1, 3], [2, 0]]
+    assert prefill_groups([10, 10, 10]) == [[0, 1, 2]]
+    assert prefill_groups([100] * 5, max_tokens=250) == [[0, 1], [2, 3], [4]]
+
+
+def test_more_requests_than_slots_all_complete_and_share_steps(engine, tokenizer):
+    loop = make_loop(engine, tokenizer, "static", max_batch=4, drafter="ngram", gamma=3)
+    sinks = run_all(loop, [greedy(f"Count to {i}:", 12) for i in range(10)])
+    assert all(s.chunks[-1].finish_reason in ("stop", "length") for s in sinks)
+    assert max(o.batch_size for o in loop.trace) == 4
+    assert not loop.running and not loop.waiting
+
+
+def test_cancel_frees_the_slot(engine, tokenizer):
+    loop = make_loop(engine, tokenizer, "off", max_batch=4)
+    keep, cancel = ListSink(), ListSink()
+    loop.submit(greedy("Tell me about the sea.", 40, stream=True), keep)
+    loop.submit(greedy("Tell me about the sky.", 200, stream=True), cancel)
+    for _ in range(3):
+        loop.step()
+    assert len(loop.running) == 2
+    cancel.cancel = True
+    time.sleep(loop.cfg.cancel_poll_s)
+    loop.step()
+    assert cancel.done and cancel.chunks[-1].finish_reason == "cancelled"
+    assert len(loop.running) == 1 and loop.running[0].slot == 0
+    while not keep.done:
+        loop.step()
+    assert keep.chunks[-1].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("request_,message", [
+    (GenerationRequest(prompt="", max_tokens=4), "text_input is missing or empty"),
+    (GenerationRequest(prompt="hi", max_tokens=0), "max_tokens must be a positive integer"),
+    (GenerationRequest(prompt="word " * 300, max_tokens=4), "context window"),
+    (GenerationRequest(prompt="hi", max_tokens=4, end_id=10**6), "end_id"),
+])
+def test_refusals_name_the_problem(engine, tokenizer, request_, message):
+    loop = make_loop(engine, tokenizer)
+    with pytest.raises(RequestError, match=message):
+        loop.submit(request_, ListSink())
+    assert loop.inbox.empty()
+
+
+def test_drafter_failure_falls_back_to_plain_decoding(engine, tokenizer):
+    class Broken:
+        name, is_model = "broken", False
+
+        def propose(self, *a):
+            raise RuntimeError("boom")
+
+        def commit(self, *a):
+            pass
+
+        def release(self, *a):
+            pass
+
+    loop = make_loop(engine, tokenizer, "static", drafters={"broken": Broken()}, drafter="broken", gamma=3)
+    plain = run_all(make_loop(engine, tokenizer, "off"), [greedy("a b c a b c a b", 10)])[0]
+    spec = run_all(loop, [greedy("a b c a b c a b", 10)])[0]
+    assert spec.text == plain.text
+    assert loop.stats.drafter_errors > 0
