@@ -48,3 +48,20 @@ def test_context_overflow_is_an_error(engines):
     _, eng = engines
     with pytest.raises(ValueError, match="context window"):
         eng.forward([0], [250], [[1] * 10])
+
+
+def test_any_llama_checkpoint_directory(tmp_path):
+    """A different Llama-family shape (untied head, no GQA folding needed, other RoPE
+    base) loads from a plain Hugging Face directory and matches transformers."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False,
+                      max_position_embeddings=128, rope_theta=5000.0)
+    hf = LlamaForCausalLM(cfg).eval()
+    hf.save_pretrained(tmp_path)
+    eng = TorchLlama(tmp_path, dtype="fp32", max_slots=2, max_context=64)
+    ids = torch.randint(0, 300, (1, 20))
+    with torch.no_grad():
+        ref = hf(ids).logits[0]
+    assert torch.allclose(eng.forward([0], [0], [ids[0].tolist()]), ref, atol=1e-4)
