@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional
 
 from .base import Policy, register, resident_names
-from .goodput import adaspec_step_time, cumulative_confidence, eliminate, expected_emitted, slo_goodput
+from .goodput import (adaspec_step_time, cumulative_confidence, eliminate, expected_emitted,
+                      expected_emitted_uniform, slo_goodput)
 from .params import in_range
 from .profiles import StepTimeProfile
 from .types import Arm, Decision, StepContext, StepOutcome
@@ -48,6 +49,7 @@ class AdaSpec(Policy):
         self.c_bar = self.cfg.initial_confidence
         self._n_conf = 0
         self._drafts: Dict[int, List[float]] = {}  # seq_id -> confidences drafted this step
+        self._arm = Arm(self.cfg.drafter, self.cfg.gamma_max)
 
     # -- the goodput model --------------------------------------------------
     def _goodput(self, ctx: StepContext, cum: Mapping[int, List[float]], lengths: Mapping[int, int],
@@ -61,18 +63,22 @@ class AdaSpec(Policy):
                              [lengths.get(v.seq_id, 0) for v in ctx.sequences])
         return slo_goodput(e, t, ctx.tpot_slo_s)
 
-    def _uniform(self, ctx: StepContext, k: int) -> float:
-        cum = {v.seq_id: cumulative_confidence([self.c_bar] * k) for v in ctx.sequences}
-        return self._goodput(ctx, cum, {i: k for i in cum}, k)
+    def _uniform(self, b: int, s: int, k: int, tpot_slo_s: Optional[float]) -> float:
+        """G with every one of the b sequences drafting k tokens at confidence c̄
+        (`_goodput` with identical per-sequence inputs, computed once)."""
+        t = adaspec_step_time(self.profile, k, b, s, draft_steps=k, n_tokens=(k + 1) * b)
+        e = expected_emitted_uniform(cumulative_confidence([self.c_bar] * k), k, b)
+        return slo_goodput(e, t, tpot_slo_s)
 
     # -- Policy ---------------------------------------------------------------
     def decide(self, ctx: StepContext) -> Decision:
         self._drafts = {}
         if self.cfg.drafter not in resident_names(ctx) or not ctx.sequences:
             return Decision(arms={})
-        if self._uniform(ctx, 1) <= self._uniform(ctx, 0):
+        b, s = ctx.batch_size, sum(v.context_len for v in ctx.sequences)
+        if self._uniform(b, s, 1, ctx.tpot_slo_s) <= self._uniform(b, s, 0, ctx.tpot_slo_s):
             return Decision(arms={})
-        arm = Arm(self.cfg.drafter, self.cfg.gamma_max)
+        arm = self._arm
         return Decision(arms={v.seq_id: arm for v in ctx.sequences})
 
     def _batch_cum(self, ctx: StepContext, depth: int, extra: int = 0) -> Dict[int, List[float]]:

@@ -11,6 +11,8 @@ import random
 from collections import deque
 from typing import List, Sequence
 
+import numpy as np
+
 
 # ---------------------------------------------------------------- pure formulas
 def ucb1_index(mean: float, n: float, t: float, beta: float) -> float:
@@ -277,3 +279,101 @@ class EXP3Spec(Bandit):
     def update(self, arm, loss01):
         super().update(arm, 1.0 - loss01)
         self.cum_loss[arm] += exp3spec_loss_estimate(loss01, self.probs[arm])
+
+
+class UCBRows:
+    """Many independent MetaSD-UCB bandits — one per running request, keyed by
+    seq_id — as rows of [rows, K] arrays, so one step selects and updates all of
+    them with a few array operations instead of a Python bandit per sequence.
+    Same rule as `UCB`: play unplayed arms first (lowest index), then argmax of
+    `ucb1_index`; exact ties are broken uniformly at random (one vectorised draw
+    per step from a generator seeded by the injected rng, instead of one
+    rng.choice per tied bandit)."""
+
+    def __init__(self, n_arms: int, rng: random.Random, beta: float = 1.0, capacity: int = 64):
+        self.k, self.rng, self.beta = n_arms, rng, beta
+        self.rows: dict = {}  # key -> row
+        self.free = list(range(capacity - 1, -1, -1))
+        self.counts = np.zeros((capacity, n_arms))
+        self.sums = np.zeros((capacity, n_arms))
+        self.t = np.zeros(capacity)
+        self._tie_rng = None
+        self._keys: list = []
+        self._idx = np.zeros(0, dtype=np.int64)
+
+    def row(self, key) -> int:
+        r = self.rows.get(key)
+        if r is None:
+            if not self.free:  # grow: double the rows
+                cap = len(self.t)
+                self.counts = np.concatenate([self.counts, np.zeros_like(self.counts)])
+                self.sums = np.concatenate([self.sums, np.zeros_like(self.sums)])
+                self.t = np.concatenate([self.t, np.zeros_like(self.t)])
+                self.free = list(range(2 * cap - 1, cap - 1, -1))
+            r = self.rows[key] = self.free.pop()
+        return r
+
+    def reset(self, key) -> None:
+        """A fresh bandit for `key` (MetaSD re-initialises per request)."""
+        self.remove(key)
+        self.row(key)
+
+    def remove(self, key) -> None:
+        r = self.rows.pop(key, None)
+        if r is not None:
+            self._keys = []
+            self.counts[r] = self.sums[r] = self.t[r] = 0.0
+            self.free.append(r)
+
+    def mean(self, key, arm: int) -> float:
+        r = self.rows.get(key)
+        if r is None or not self.counts[r, arm]:
+            return 0.0
+        return float(self.sums[r, arm] / self.counts[r, arm])
+
+    def _index(self, keys: Sequence) -> np.ndarray:
+        """Row index of `keys`; the same batch step after step reuses it."""
+        if keys != self._keys:
+            rows = [self.rows.get(key) for key in keys]
+            if None in rows:
+                rows = [self.row(key) for key in keys]
+            self._keys, self._idx = list(keys), np.array(rows, dtype=np.int64)
+        return self._idx
+
+    def select(self, keys: Sequence) -> List[int]:
+        idx = self._index(keys)
+        n = self.counts.take(idx, axis=0)  # [m, K]
+        first_unplayed = None
+        if n.min() == 0:  # some bandit is still in its round robin
+            unplayed = n == 0
+            first_unplayed = unplayed.any(axis=1)
+            n = np.where(unplayed, 1.0, n)
+        log_t = np.log(self.t.take(idx) if first_unplayed is None else np.maximum(self.t.take(idx), 1.0))
+        index = self.sums.take(idx, axis=0) / n + self.beta * np.sqrt(2.0 * log_t[:, None] / n)  # ucb1_index
+        choice = index.argmax(axis=1)
+        if first_unplayed is not None:
+            index[unplayed] = np.inf
+            choice = np.where(first_unplayed, unplayed.argmax(axis=1), index.argmax(axis=1))
+        if self.k == 2:  # the usual two drafters: a tie is one comparison
+            ties = index[:, 0] == index[:, 1]
+            is_top = None
+        else:
+            is_top = index == index.max(axis=1)[:, None]
+            ties = is_top.sum(axis=1) > 1
+        if first_unplayed is not None:
+            ties &= ~first_unplayed
+        if ties.any():  # uniform among the tied arms, all tied rows in one draw
+            if self._tie_rng is None:  # drawn from the injected rng the first time it is needed
+                self._tie_rng = np.random.default_rng(self.rng.getrandbits(64))
+            if is_top is None:
+                is_top = index == index.max(axis=1)[:, None]
+            noise = np.where(is_top, self._tie_rng.random(index.shape), -1.0)
+            choice = np.where(ties, noise.argmax(axis=1), choice)
+        return choice.tolist()
+
+    def update(self, keys: Sequence, arms: Sequence[int], rewards) -> None:
+        idx = self._index(keys)
+        a = np.array(arms, dtype=np.int64)
+        self.counts[idx, a] += 1.0
+        self.sums[idx, a] += rewards
+        self.t[idx] += 1.0

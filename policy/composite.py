@@ -19,21 +19,34 @@ over `switch_amortise_steps`), then gamma = argmax over 0..gamma_max of
 subject to the TPOT SLO as in AdaSpec: predicted step time <= tpot_slo_s (a step may
 emit one token per sequence), plain decoding when nothing meets it; then sequences whose expected
 gain does not pay for their verify tokens drop to gamma = 0 (AdaSpec-style
-elimination with the geometric model). KV headroom: while the queue waits and
+elimination with the geometric model). Drafting depth (AdaSpec's predict-execute-
+correct, with our model — `continue_drafting`): between a model drafter's sub-steps the
+tokens drafted so far survive with probability C_s = prod q (the drafter's own
+confidences) and one more token adds C_s * alpha_d (the drafter's global alpha)
+expected tokens; drafting continues while that raises E/T. A lone sequence (B = 1)
+with a model drafter plans gamma_max and lets this rule stop it (`dynamic_depth`),
+since a longer plan costs nothing when it stops early; the time ratio is then learned
+for the depth actually played. KV headroom: while the queue waits and
 free blocks are under tau_low, speculation is off; model drafters are parked
 and reloaded with Nightjar's hysteresis trigger (`elastic.ElasticMemory`);
 model-free drafters stay available while a model drafter is parked.
 Why it should dominate: Nightjar/BanditSpec learn one number per (B, gamma)
 arm from scratch; SmartSpec/AdaSpec trust a model; MetaSD/DSDE ignore cost.
 Sharing alpha across gammas and T across drafters needs far fewer samples,
-per-sequence drafters win on mixed workloads, and the profile-seeded time
-model knows batch-size regimes before visiting them.
+per-sequence drafters win on mixed workloads, the profile-seeded time
+model knows batch-size regimes before visiting them, and the real confidences
+let a single sequence stop drafting as soon as the next token is not worth it.
+Per-step work is shared where the answer is the same for many sequences (one
+global alpha per drafter, one drafter pick for all sequences without evidence of
+their own, one E(alpha, gamma) row per distinct alpha, memoised time corrections).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
+
+import numpy as np
 
 from .base import Policy, bucket_of, register
 from .elastic import ElasticMemory, tau_low_blocks
@@ -71,6 +84,7 @@ class CompositeConfig:
     elastic: bool = True
     tau_low_frac: float = 0.1
     t_persist: int = 8
+    dynamic_depth: bool = True  # B=1 with a model drafter: plan gamma_max, stop on confidences
 
     def check(self, policy: str) -> None:
         require(len(self.drafters) >= 1, policy, "drafters must be a non-empty list")
@@ -105,31 +119,63 @@ class Composite(Policy):
         self.pulls: Dict[tuple, int] = {}  # (bucket, gamma) -> steps played
         self.memory = ElasticMemory(c.tau_low_frac, c.t_persist)
         self._prior_cache: Dict[tuple, float] = {}
-        self._pending: Optional[tuple] = None  # (bucket, kind, gamma, profiled time)
+        self._pending: Optional[tuple] = None  # (bucket, kind, gamma, profiled time, catch-up, B, ctx, n_model)
+        self._plan: Optional[tuple] = None  # this step's plan, for continue_drafting
+        self._plan_drafter: Dict[int, str] = {}
+        self._fresh: Dict[tuple, Tuple[str, float]] = {}  # per step: pick of sequences without own evidence
+        self._arms: Dict[tuple, Arm] = {}
+        self._corr_cache: Dict[tuple, Dict[int, tuple]] = {}  # (bucket, kind) -> {gamma: (correction, source)}
+        self._by_kind: Dict[tuple, Dict[int, list]] = {}  # (bucket, kind) -> {gamma: self.ratio entry}
+        self._bucket_pulls: Dict[int, int] = {}
+        self._log_last = (-1, 0.0)
 
     # -- acceptance -----------------------------------------------------------
-    def alpha(self, seq_id: int, drafter: str) -> float:
+    def _glob_alpha(self, drafter: str) -> float:
         g = self.glob[drafter]
-        a_glob = shrunk_rate(g[0], g[1], self.cfg.prior_alpha, self.cfg.shrink)
+        return shrunk_rate(g[0], g[1], self.cfg.prior_alpha, self.cfg.shrink)
+
+    def alpha(self, seq_id: int, drafter: str) -> float:
+        a_glob = self._glob_alpha(drafter)
         s = self.seq.get(seq_id, {}).get(drafter)
         return a_glob if s is None else shrunk_rate(s[0], s[1], a_glob, self.cfg.shrink)
 
-    def _optimistic(self, seq_id: int, drafter: str) -> float:
-        st = self.seq.get(seq_id, {}).get(drafter)
-        n = st[1] if st else 0.0
-        return self.alpha(seq_id, drafter) + self.cfg.explore / math.sqrt(1.0 + n)
-
-    def _drafter_for(self, v, usable) -> Tuple[str, float]:
-        """Per-sequence drafter: optimistic alpha (explore / sqrt(1 + n_i,d)), with a
-        hysteresis margin before leaving the drafter the sequence used last."""
+    def _drafter_for(self, v, usable, a_glob: Dict[str, float]) -> Tuple[str, float]:
+        """Per-sequence drafter: optimistic alpha + explore / sqrt(1 + n_i,d), with a
+        hysteresis margin before leaving the drafter the sequence used last.
+        `a_glob`: this step's global alpha per drafter (computed once per step)."""
+        per = self.seq.get(v.seq_id)
+        if not per:  # no evidence of its own yet: the same answer as every such sequence
+            return self._fresh_pick(v.last_drafter, usable, a_glob)
+        m, explore = self.cfg.shrink, self.cfg.explore
+        alpha, opt = {}, {}
+        for d in usable:
+            st = per.get(d)
+            if st is None:
+                alpha[d] = a_glob[d]
+                opt[d] = a_glob[d] + explore / math.sqrt(1.0)
+            else:
+                alpha[d] = shrunk_rate(st[0], st[1], a_glob[d], m)
+                opt[d] = alpha[d] + explore / math.sqrt(1.0 + st[1])
         if len(usable) == 1:
-            return usable[0], self.alpha(v.seq_id, usable[0])
-        best = max(usable, key=lambda d: self._optimistic(v.seq_id, d))
+            return usable[0], alpha[usable[0]]
+        best = max(usable, key=opt.__getitem__)
         if v.last_drafter in usable and v.last_drafter != best:
-            gain = self._optimistic(v.seq_id, best) - self._optimistic(v.seq_id, v.last_drafter)
-            if gain < self.cfg.switch_margin:
+            if opt[best] - opt[v.last_drafter] < self.cfg.switch_margin:
                 best = v.last_drafter
-        return best, self.alpha(v.seq_id, best)
+        return best, alpha[best]
+
+    def _fresh_pick(self, last: Optional[str], usable, a_glob) -> Tuple[str, float]:
+        """`_drafter_for` of a sequence without per-sequence evidence, memoised per step."""
+        key = (last, tuple(usable))
+        hit = self._fresh.get(key)
+        if hit is None:
+            explore = self.cfg.explore
+            opt = {d: a_glob[d] + explore / math.sqrt(1.0) for d in usable}
+            best = usable[0] if len(usable) == 1 else max(usable, key=opt.__getitem__)
+            if len(usable) > 1 and last in usable and last != best and opt[best] - opt[last] < self.cfg.switch_margin:
+                best = last
+            hit = self._fresh[key] = (best, a_glob[best])
+        return hit
 
     # -- step time --------------------------------------------------------------
     def _profiled(self, batch: int, ctx_len: float, n_tokens: int, gamma: int, n_model: int) -> float:
@@ -149,15 +195,31 @@ class Composite(Policy):
     def _correction(self, bucket: int, kind: str, gamma: int) -> float:
         """observed/profiled time ratio; unseen gammas borrow the nearest seen one of
         the same kind, and thin evidence is shrunk towards 1 (the profile)."""
-        r = self.ratio.get((bucket, kind, gamma))
-        if r is None:
-            seen = [(abs(g - gamma), v[0], v[1]) for (b, k, g), v in self.ratio.items()
-                    if b == bucket and k == kind]
-            if not seen:
-                return 1.0
-            r = min(seen)[1:]
-        ratio, n = r
-        return (ratio * n + 1.0) / (n + 1.0)
+        per = self._corr_cache.setdefault((bucket, kind), {})
+        hit = per.get(gamma)
+        if hit is None:
+            hit = per[gamma] = self._correction_of(bucket, kind, gamma)
+        return hit[0]
+
+    def _correction_of(self, bucket: int, kind: str, gamma: int) -> tuple:
+        """-> (correction, the gamma whose ratio it used or None)."""
+        seen = [(abs(g - gamma), v[0], v[1], g) for g, v in self._by_kind.get((bucket, kind), {}).items()]
+        if not seen:
+            return 1.0, None
+        _, ratio, n, source = min(seen)
+        return (ratio * n + 1.0) / (n + 1.0), source
+
+    def _ratio_changed(self, bucket: int, kind: str, gamma: int, new: bool) -> None:
+        """Forget the cached corrections that read (or, nearer or as near, could now read)
+        the ratio of `gamma`; a newly seen gamma can be the nearest for any of them."""
+        per = self._corr_cache.get((bucket, kind))
+        if not per:
+            return
+        if new:
+            per.clear()
+            return
+        for g in [g for g, (_, src) in per.items() if src is None or abs(g - gamma) <= abs(g - src)]:
+            del per[g]
 
     def step_time(self, batch: int, ctx_len: float, n_tokens: int, gamma: int, n_model: int) -> float:
         kind = "none" if gamma == 0 else ("model" if n_model else "free")
@@ -168,13 +230,14 @@ class Composite(Policy):
     def decide(self, ctx: StepContext) -> Decision:
         c, b = self.cfg, ctx.batch_size
         self._pending = None
+        self._plan = None
         if b == 0:
             return Decision(arms={})
         info = {d.name: d for d in ctx.drafters}
         usable = [d for d in c.drafters if d in info and info[d].resident]
         tau = tau_low_blocks(ctx, c.tau_low_frac)
         pressure = ctx.queue_len > 0 and ctx.kv_free_blocks < tau
-        ctx_len = sum(v.context_len for v in ctx.sequences) / b
+        ctx_len = sum([v.context_len for v in ctx.sequences]) / b
         arms, n_model, catch_up = {}, 0, 0.0
         if usable and not pressure:
             arms, n_model, catch_up = self._choose(ctx, ctx_len, usable, info)
@@ -182,28 +245,45 @@ class Composite(Policy):
         actions = self.memory.update(ctx, sd_enabled=gamma > 0) if c.elastic else []
         n_tok = b + sum(a.gamma for a in arms.values())
         kind = "none" if gamma == 0 else ("model" if n_model else "free")
-        self._pending = (bucket_of(b), kind, gamma, self._profiled(b, ctx_len, n_tok, gamma, n_model), catch_up)
+        self._pending = (bucket_of(b), kind, gamma, self._profiled(b, ctx_len, n_tok, gamma, n_model), catch_up,
+                         b, ctx_len, n_model)
         return Decision(arms=arms, memory_actions=tuple(actions))
 
     def _choose(self, ctx: StepContext, ctx_len: float, usable, info):
         c, b = self.cfg, ctx.batch_size
         bucket = bucket_of(b)
-        picks = [(v, *self._drafter_for(v, usable)) for v in ctx.sequences]
-        model = [info[d].is_model for _, d, _ in picks]
-        n_model = sum(model)
-        l_max = max((v.uncaught_tokens.get(d, 0) for (v, d, _), m in zip(picks, model) if m), default=0)
+        a_glob = {d: self._glob_alpha(d) for d in usable}
+        self._fresh = {}
+        seqs, stats = ctx.sequences, self.seq
+        if stats and any(v.seq_id in stats for v in seqs):
+            picks = [(v, *self._drafter_for(v, usable, a_glob)) for v in seqs]
+        else:  # no sequence has evidence of its own: one answer per last-used drafter
+            fresh = {last: self._fresh_pick(last, usable, a_glob) for last in {v.last_drafter for v in seqs}}
+            picks = [(v, *fresh[v.last_drafter]) for v in seqs]
+        is_model = {d: info[d].is_model for d in usable}
+        names = {d for _, d, _ in picks}
+        if len(names) == 1:  # one drafter for the whole batch (the usual case)
+            (d,) = names
+            model = [is_model[d]] * b
+            n_model = b if is_model[d] else 0
+            l_max = max([v.uncaught_tokens.get(d, 0) for v in seqs]) if n_model else 0
+        else:
+            model = [is_model[d] for _, d, _ in picks]
+            n_model = sum(model)
+            l_max = max([v.uncaught_tokens.get(d, 0) for (v, d, _), m in zip(picks, model) if m], default=0)
         catch_up = self.c_switch(l_max, b) if n_model else 0.0
         amortised = catch_up / c.switch_amortise_steps
-        total_pulls = sum(n for (bk, _), n in self.pulls.items() if bk == bucket) + 1
+        total_pulls = self._bucket_pulls.get(bucket, 0) + 1  # sum of self.pulls over this bucket, + 1
         t0 = self.step_time(b, ctx_len, b, 0, 0)
         best = (0, b / t0 * (1.0 + self._bonus(bucket, 0, total_pulls)), t0, float(b))
         fallback = (0, t0, t0, float(b))
         slo = ctx.tpot_slo_s
         if slo is not None and t0 > slo:
             best = (0, -1.0, t0, float(b))
+        e_sum = self._expected_sums([a for _, _, a in picks], c.gamma_max)  # [g] sum_i E(alpha_i, g)
         for g in range(1, c.gamma_max + 1):
             t = self.step_time(b, ctx_len, b * (g + 1), g, n_model) + amortised
-            e = sum(expected_tokens(a, g) for _, _, a in picks)
+            e = e_sum[g]
             if slo is not None and t > slo:
                 continue
             val = e / t * (1.0 + self._bonus(bucket, g, total_pulls))
@@ -225,13 +305,72 @@ class Composite(Policy):
             e_tot, t_full, n_tok, n_model = e_new, t_new, n_tok - g, n_m
             if not keep:
                 break
-        arms = {v.seq_id: Arm(d, g) for v, d, _ in picks if v.seq_id in keep}
+        if b == 1 and n_model and c.dynamic_depth:
+            # a lone model-drafted sequence: draft up to gamma_max and let continue_drafting
+            # stop on the real confidences (a longer plan costs nothing if it stops early)
+            a1 = picks[0][2]
+            t_max = self.step_time(1, ctx_len, 1 + c.gamma_max, c.gamma_max, 1) + amortised
+            if slo is None or t_max <= slo:
+                g, e_tot, n_tok = c.gamma_max, expected_tokens(a1, c.gamma_max), 1 + c.gamma_max
+        arm = self._arm
+        arms = {v.seq_id: arm(d, g) for v, d, _ in picks if v.seq_id in keep}
+        self._plan = (b, ctx_len, n_model, amortised * (n_model > 0), g, e_tot, n_tok,
+                      {v.seq_id: a for v, _, a in picks if v.seq_id in keep})
+        self._plan_drafter = {v.seq_id: d for v, d, _ in picks if v.seq_id in keep}
         return arms, n_model, (catch_up if n_model else 0.0)
 
+    def continue_drafting(self, ctx: StepContext, seq_id: int, confidences: list) -> bool:
+        """Between a model drafter's sub-steps (AdaSpec's predict-execute-correct with our
+        model): the s tokens drafted so far survive with probability C_s = prod q (the
+        drafter's own confidences), so E_i(s) = 1 + sum_{j<=s} C_j; one more token adds
+        C_s * alpha_d (the drafter's global alpha: one draft position tells little about
+        the next) and costs one more sub-step. Continue while that raises the step's
+        goodput, E(s+1)/T(s+1) > E(s)/T(s), up to the planned gamma."""
+        plan = self._plan
+        s = len(confidences)
+        if plan is None or seq_id not in plan[7]:
+            return True
+        b, ctx_len, n_model, amortised, g, e_tot, n_tok, alphas = plan
+        if s >= g:
+            return False
+        a = alphas[seq_id]
+        a_next = self._glob_alpha(self._plan_drafter[seq_id])
+        c, e_i = 1.0, 1.0
+        for q in confidences:
+            c *= q
+            e_i += c
+        e_rest = e_tot - expected_tokens(a, g)  # the other sequences, at their plan
+
+        def t(k: int) -> float:  # at B > 1 the other sequences keep the batch drafting to g
+            return self.step_time(b, ctx_len, n_tok - g + k, k if b == 1 else g, n_model) + amortised
+
+        return (e_rest + e_i + c * a_next) / t(s + 1) > (e_rest + e_i) / t(s)
+
+    @staticmethod
+    def _expected_sums(alphas, gamma_max: int) -> list:
+        """[sum_i E(alpha_i, g) for g in 0..gamma_max], summed in sequence order as before;
+        E is computed once per distinct alpha (many sequences share the global one)."""
+        table = {a: [expected_tokens(a, g) for g in range(gamma_max + 1)] for a in set(alphas)}
+        if len(table) == 1:
+            (row,) = table.values()
+            return [sum([x] * len(alphas)) for x in row]
+        rows = np.array([table[a] for a in alphas])  # [B, G+1]; axis-0 sums add row after row
+        return rows.sum(axis=0).tolist()
+
+    def _arm(self, drafter: str, gamma: int) -> Arm:
+        a = self._arms.get((drafter, gamma))
+        if a is None:
+            a = self._arms[(drafter, gamma)] = Arm(drafter, gamma)
+        return a
+
     def _bonus(self, bucket: int, gamma: int, total: int) -> float:
-        """Optimism for rarely played gammas in this bucket, decaying with counts."""
+        """Optimism for rarely played gammas in this bucket, decaying with counts:
+        optimism * sqrt(ln(total + 1) / (1 + n_{bucket,gamma}))."""
         n = self.pulls.get((bucket, gamma), 0)
-        return self.cfg.optimism * math.sqrt(math.log(total + 1) / (1 + n))
+        if self._log_last[0] != total:  # one ln per step, not one per gamma
+            self._log_last = (total, math.log(total + 1))
+        log_t = self._log_last[1]
+        return self.cfg.optimism * math.sqrt(log_t / (1 + n))
 
     # -- learning -------------------------------------------------------------
     def observe(self, outcome: StepOutcome) -> None:
@@ -251,18 +390,25 @@ class Composite(Policy):
             st[1] += trials
         if self._pending is None or outcome.total_time_s <= 0:
             return
-        bucket, kind, gamma, profiled, catch_up = self._pending
+        bucket, kind, gamma, profiled, catch_up, b, ctx_len, n_model = self._pending
         self._pending = None
         played = max((s.gamma for s in outcome.sequences), default=0)
         if played != gamma:
-            kind, gamma = ("none", 0) if played == 0 else (kind, played)
-            profiled = None
+            if played == 0:
+                kind, gamma, profiled = "none", 0, None
+            else:  # drafting stopped early (continue_drafting): the profile of what was played
+                gamma = played
+                profiled = self._profiled(b, ctx_len, b + sum(s.gamma for s in outcome.sequences), played, n_model)
         if profiled:  # learn the ratio without the one-off catch-up (priced separately)
             obs = max(outcome.total_time_s - catch_up, 0.0) / profiled
+            new = (bucket, kind, gamma) not in self.ratio
             r = self.ratio.setdefault((bucket, kind, gamma), [obs, 0])
+            self._by_kind.setdefault((bucket, kind), {})[gamma] = r
             r[0] += c.time_ema * (obs - r[0])
             r[1] += 1
+            self._ratio_changed(bucket, kind, gamma, new)
         self.pulls[(bucket, gamma)] = self.pulls.get((bucket, gamma), 0) + 1
+        self._bucket_pulls[bucket] = self._bucket_pulls.get(bucket, 0) + 1
 
     def on_request_end(self, seq_id: int) -> None:
         self.seq.pop(seq_id, None)

@@ -5,17 +5,27 @@ drafters only). Per sequence: WVIR = Var_w(last 10) / Var_w(last 30) with weight
 delta^(i-1) (i = 1 most recent), SF = exp(2 mu_KL,last) - 1,
 SL^ = (1 - SF*WVIR)(SL_max - SL_min) + SL_min if SF*WVIR <= 1 else SL_min (ceil);
 SL_max calibrated on warm-up steps; batch cap SL_cap = ceil(mean SL^_i).
+
+The scalar functions below state the math (with worked examples). The policy
+runs the same rule for the whole batch at once: every sequence's last 30 KL values
+are a row [x | x^2 | 1] of one array (`KlHistories`), one matrix product gives the
+weighted moments of both windows (`moment_weights`), and `lengths_from_moments`
+turns them into SL^ (Var_w = S2/S0 - (S1/S0)^2, the one-pass form of
+`weighted_variance`). When the next step runs the same batch, `observe` has
+already built its Decision.
 """
 from __future__ import annotations
 
+import functools
 import math
-from collections import deque
+from itertools import chain
 from dataclasses import dataclass
-from typing import Deque, Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
 
 from .base import Policy, register, resident_names
 from .params import in_range, require
-from .rewards import mean_kl
 from .types import Arm, Decision, StepContext, StepOutcome
 
 VAR_FLOOR = 1e-6
@@ -113,6 +123,110 @@ class DsdeConfig:
         in_range(policy, "warmup_steps", self.warmup_steps, 0, 10_000)
 
 
+@functools.lru_cache(maxsize=64)
+def moment_weights(delta: float, short: int, long: int, k: int) -> np.ndarray:
+    """[3 long, 7] weights that turn a flattened history row [x | x^2 | present]
+    (each `long` wide, most recent first) into S1, S2, S0 = sum w x, sum w x^2,
+    sum w over the long and the short window (w = delta^(i-1)), and twice the mean
+    of the k newest values (2 mu_KL,last, for SF). Memoised per k, read-only.
+
+    >>> moment_weights(0.5, 1, 2, 1).T.tolist()[:2]   # S1 long, S1 short
+    [[1.0, 0.5, 0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]]
+    """
+    p = np.arange(long)
+    w = np.stack([delta ** p, np.where(p < short, delta ** p, 0.0)], axis=1)  # [long, 2]
+    m = np.zeros((3 * long, 7))
+    for block in range(3):
+        m[block * long:(block + 1) * long, 2 * block:2 * block + 2] = w
+    m[:min(k, long), 6] = 2.0 / max(k, 1)
+    m.flags.writeable = False
+    return m
+
+
+def lengths_from_moments(m: np.ndarray, sl_max: int, sl_min: int = 2) -> np.ndarray:
+    """SL^ per sequence from its weighted moments m = [S1, S2, S0 (long, short each),
+    2 mu_KL,last] x sequences (see `moment_weights`): `wvir` = Var_w(short)/Var_w(long)
+    with Var_w = S2/S0 - (S1/S0)^2 (large where Var_w(long) < 1e-6), SF = exp(2 mu) - 1,
+    and `predicted_length` written as ceil(max(SL_max - 1e-9 - SF WVIR (SL_max - SL_min),
+    SL_min)) — for SF*WVIR > 1 the line is below SL_min, so the floor is the same
+    rule. Sequences with a single value so far (S0 = 1) get SL_max.
+
+    >>> x = np.array([1.0, 0.0] * 5 + [0.5] * 20); w = 0.85 ** np.arange(30)
+    >>> mom = lambda v: [(w * v).sum(), (w[:10] * v[:10]).sum()]
+    >>> col = mom(x) + mom(x * x) + mom(x ** 0) + [2 * 0.1]     # WVIR 1.234, SF 0.2214
+    >>> lengths_from_moments(np.array([col]).T, 10).tolist()    # (1 - 0.273) * 8 + 2 = 7.8
+    [8]
+    """
+    mean = m[0:2] / m[4:6]  # [long, short] x sequences
+    var_long, var_short = m[2:4] / m[4:6] - mean * mean
+    flat = var_long < VAR_FLOOR
+    wvir_ = var_short / (var_long + flat)  # +1 where flat: no division by ~0 (replaced next)
+    wvir_[flat] = LARGE_WVIR
+    span = float(sl_max - sl_min)
+    sf_span = np.exp(m[6]) * span - span  # SF (SL_max - SL_min); m[6] = 2 mu_KL,last
+    line = (sl_max - 1e-9) - sf_span * wvir_
+    np.maximum(line, np.float64(sl_min), out=line)
+    sl = np.ceil(line).astype(np.int64)
+    sl[m[4] < np.float64(1.0 + 1e-9)] = sl_max  # a single value so far (S0,long = 1)
+    return sl
+
+
+class KlHistories:
+    """The last `long` KL values of every running sequence as rows of one array
+    [rows, 3, long] holding x, x^2 and 1 ("present"), most recent first, zeros past
+    a row's count: a step updates all its sequences, and their weighted moments
+    are one matrix product, instead of a Python loop per sequence and value."""
+
+    def __init__(self, long: int, capacity: int = 64):
+        self.long = long
+        self.rows: Dict[int, int] = {}  # seq_id -> row
+        self.free: List[int] = list(range(capacity - 1, -1, -1))
+        self.data = np.zeros((capacity, 3, long))
+        self._ids: tuple = ()  # the ids of the last push and their rows
+        self._idx = np.zeros(0, dtype=np.int64)
+
+    def row(self, seq_id: int) -> int:
+        r = self.rows.get(seq_id)
+        if r is None:
+            if not self.free:  # grow: double the rows
+                cap = len(self.data)
+                self.data = np.concatenate([self.data, np.zeros_like(self.data)])
+                self.free = list(range(2 * cap - 1, cap - 1, -1))
+            r = self.rows[seq_id] = self.free.pop()
+        return r
+
+    def push(self, ids: Sequence[int], values: Sequence[list], k: int) -> np.ndarray:
+        """Append k values per sequence (oldest first, as in SequenceOutcome.kl).
+        -> their updated rows, flattened [m, 3 long]."""
+        if ids != self._ids:  # the same batch step after step: reuse its row index
+            rows = [self.rows.get(i) for i in ids]
+            if None in rows:
+                rows = [self.row(i) for i in ids]
+            self._ids, self._idx = ids, np.array(rows, dtype=np.int64)
+        idx, m, n = self._idx, len(ids), self.long
+        x = np.fromiter(chain.from_iterable(values), float, m * k).reshape(m, k)[:, ::-1]  # newest first
+        if k > n:
+            x, k = x[:, :n], n
+        upd = np.empty((m, 3, n))
+        upd[:, :, k:] = self.data.take(idx, axis=0)[:, :, :n - k]  # age the history by k positions
+        upd[:, 0, :k] = x
+        upd[:, 1, :k] = x * x
+        upd[:, 2, :k] = 1.0
+        self.data[idx] = upd
+        return upd.reshape(m, 3 * n)
+
+    def drop(self, seq_id: int) -> None:
+        r = self.rows.pop(seq_id, None)
+        if r is not None:
+            self._ids = ()
+            self.data[r] = 0.0
+            self.free.append(r)
+
+
+def mean_of(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
 @register
 class Dsde(Policy):
     name = "dsde"
@@ -120,57 +234,87 @@ class Dsde(Policy):
 
     def __init__(self, config=None, **kw):
         super().__init__(config, **kw)
-        self.kl_hist: Dict[int, Deque[float]] = {}
+        self.kl = KlHistories(self.cfg.long_window)
         self.last_mu: Dict[int, float] = {}
         self.kl_pre: List[float] = []
         self.warm_left = self.cfg.warmup_steps
         self.sl_max = self.cfg.sl_a_max
         self._lengths: Dict[int, int] = {}  # SL^ per sequence, recomputed only when it observes
+        self._arms = {k: Arm(self.cfg.drafter, k) for k in range(self.sl_max + 1)}  # reused every step
+        self._ready_ids: Optional[list] = None  # the batch observe() already decided for
+        self._ready: Optional[Decision] = None
 
     def length_for(self, seq_id: int) -> int:
-        cached = self._lengths.get(seq_id)
-        return cached if cached is not None and self.warm_left == 0 else self._length(seq_id)
-
-    def _length(self, seq_id: int) -> int:
-        hist = self.kl_hist.get(seq_id)
-        if self.warm_left > 0 or not hist or len(hist) < 2:
+        if self.warm_left > 0:
             return self.sl_max
-        w = wvir(list(hist), self.cfg.delta, self.cfg.short_window, self.cfg.long_window)
-        return predicted_length(stability_factor(self.last_mu.get(seq_id, 0.0)), w, self.sl_max, self.cfg.sl_min)
+        return self._lengths.get(seq_id, self.sl_max)
 
     def decide(self, ctx: StepContext) -> Decision:
         if self.cfg.drafter not in resident_names(ctx):
             return Decision(arms={})
-        lengths = {v.seq_id: self.length_for(v.seq_id) for v in ctx.sequences}
+        ids = [v.seq_id for v in ctx.sequences]
+        if ids == self._ready_ids:  # observe already decided for exactly this batch
+            return self._ready
+        if self.warm_left > 0:
+            lengths = [self.sl_max] * len(ids)
+        else:
+            get, sl_max = self._lengths.get, self.sl_max
+            lengths = [get(i, sl_max) for i in ids]
+        return self._decision(ids, lengths)
+
+    def _decision(self, ids, lengths) -> Decision:
         if self.cfg.batch_cap and lengths:
-            cap = batch_cap(list(lengths.values()))
-            lengths = {i: min(k, cap) for i, k in lengths.items()}
-        return Decision(arms={i: Arm(self.cfg.drafter, k) for i, k in lengths.items() if k > 0})
+            cap = batch_cap(lengths)
+            if max(lengths) > cap:
+                lengths = [k if k < cap else cap for k in lengths]
+        # lengths are >= SL_min >= 1; one Arm per length 0..SL_max, built once
+        return Decision(arms=dict(zip(ids, map(self._arms.__getitem__, lengths))))
 
     def observe(self, outcome: StepOutcome) -> None:
-        seen = False
-        for s in outcome.sequences:
-            if not s.kl:
-                continue
-            seen = True
-            h = self.kl_hist.setdefault(s.seq_id, deque(maxlen=self.cfg.long_window))
-            for x in s.kl:  # oldest first in the step -> most recent at the left
-                h.appendleft(x)
-            self.last_mu[s.seq_id] = mean_kl(s)
-            self._lengths.pop(s.seq_id, None)
+        self._ready_ids = None
+        seen = [(s.seq_id, s.kl) for s in outcome.sequences if s.kl]
+        if not seen:
+            return
+        ids, values = zip(*seen)
+        lens = set(map(len, values))
+        groups = [(ids, values)] if len(lens) == 1 else [
+            ([i for i, v in seen if len(v) == k], [v for _, v in seen if len(v) == k]) for k in lens]
+        for ids, values in groups:
+            k = len(values[0])
+            rows = self.kl.push(ids, values, k)
             if self.warm_left > 0:
-                self.kl_pre.extend(s.kl)
-        if seen and self.warm_left > 0:
+                self.last_mu.update(zip(ids, map(mean_of, values)))  # needed once, at calibration
+                self.kl_pre.extend(chain.from_iterable(values))
+            else:
+                sl = self._update_lengths(ids, rows, k)
+                if len(groups) == 1 and len(ids) == len(outcome.sequences):
+                    # the next step usually runs the same batch: decide for it now (same rule as decide)
+                    self._ready_ids, self._ready = list(ids), self._decision(ids, sl)
+        if self.warm_left > 0:
             self.warm_left -= 1
-            if self.warm_left == 0:
+            if self.warm_left == 0:  # calibrate, then every sequence with history gets its SL^
                 self.sl_max = calibrate_sl_max(self.cfg.sl_a_max, self.kl_pre)
+                self._arms = {k: Arm(self.cfg.drafter, k) for k in range(self.sl_max + 1)}
                 self._lengths.clear()
-        if self.warm_left == 0:
-            for s in outcome.sequences:
-                if s.kl:
-                    self._lengths[s.seq_id] = self._length(s.seq_id)
+                ids = list(self.kl.rows)
+                rows = self.kl.data[np.array([self.kl.rows[i] for i in ids], dtype=np.int64)]
+                self._update_lengths(ids, rows.reshape(len(ids), -1), 0,
+                                     np.array([self.last_mu.get(i, 0.0) for i in ids]))
+                self.last_mu.clear()
+
+    def _update_lengths(self, ids, rows: np.ndarray, k: int, mu=None) -> list:
+        """SL^ of the given sequences from their flattened rows [x | x^2 | present];
+        mu_KL,last is the mean of the k newest values unless given."""
+        c = self.cfg
+        m = moment_weights(c.delta, c.short_window, c.long_window, k).T @ rows.T  # [S1 | S2 | S0 | 2 mu, rows]
+        if mu is not None:
+            m[6] = 2.0 * mu
+        sl = lengths_from_moments(m, self.sl_max, c.sl_min).tolist()
+        self._lengths.update(zip(ids, sl))
+        return sl
 
     def on_request_end(self, seq_id: int) -> None:
-        self.kl_hist.pop(seq_id, None)
+        self.kl.drop(seq_id)
         self.last_mu.pop(seq_id, None)
         self._lengths.pop(seq_id, None)
+        self._ready_ids = None

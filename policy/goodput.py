@@ -48,6 +48,16 @@ def expected_emitted(cum_conf: Sequence[Sequence[float]], lengths: Sequence[int]
     return round(len(cum_conf) + sum(sum(c[:k]) for c, k in zip(cum_conf, lengths)), 12)
 
 
+def expected_emitted_uniform(cum_conf: Sequence[float], k: int, batch: int) -> float:
+    """`expected_emitted` when all `batch` sequences share cum_conf and length k
+    (AdaSpec's c̄ predictions): the same sum, without building B lists.
+
+    >>> expected_emitted_uniform([0.6, 0.36], 2, 3) == expected_emitted([[0.6, 0.36]] * 3, [2] * 3)
+    True
+    """
+    return round(batch + sum([sum(cum_conf[:k])] * batch), 12)
+
+
 def adaspec_step_time(profile: StepTimeProfile, k: int, batch: int, seq_len_sum: int,
                       draft_steps: Optional[int] = None, n_tokens: Optional[int] = None) -> float:
     """AdaSpec step time T(k) = T_draft(k) + T_target(k):

@@ -39,17 +39,23 @@ class HfHeuristic(Policy):
     def __init__(self, config=None, **kw):
         super().__init__(config, **kw)
         self.gamma = {}  # seq_id -> current gamma
+        self._arms = {g: Arm(self.cfg.drafter, g) for g in range(self.cfg.gamma_max + 1)}  # reused every step
+        self._next = {}  # (gamma, accepted) -> next_gamma(...), memoised (pure)
 
     def decide(self, ctx: StepContext) -> Decision:
         if self.cfg.drafter not in resident_names(ctx):
             return Decision(arms={})
-        return Decision(arms={s.seq_id: Arm(self.cfg.drafter, self.gamma.setdefault(s.seq_id, self.cfg.initial_gamma))
-                              for s in ctx.sequences})
+        gamma, arms, g0 = self.gamma, self._arms, self.cfg.initial_gamma
+        return Decision(arms={s.seq_id: arms[gamma.setdefault(s.seq_id, g0)] for s in ctx.sequences})
 
     def observe(self, outcome: StepOutcome) -> None:
+        gamma, nxt = self.gamma, self._next
         for s in outcome.sequences:
-            if s.gamma > 0 and s.seq_id in self.gamma:
-                self.gamma[s.seq_id] = next_gamma(s.gamma, s.accepted, self.cfg.gamma_max)
+            if s.gamma > 0 and s.seq_id in gamma:
+                g = nxt.get((s.gamma, s.accepted))
+                if g is None:
+                    g = nxt[(s.gamma, s.accepted)] = next_gamma(s.gamma, s.accepted, self.cfg.gamma_max)
+                gamma[s.seq_id] = g
 
     def on_request_end(self, seq_id: int) -> None:
         self.gamma.pop(seq_id, None)

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Tuple
 
-from .bandits import EXP3, UCB, Bandit, DiscountedUCB, SequentialHalving, SlidingWindowUCB
+from .bandits import EXP3, UCB, Bandit, DiscountedUCB, SequentialHalving, SlidingWindowUCB, UCBRows
 from .base import Policy, register, resident_names
 from .params import in_range, require
-from .rewards import bd_reward, be_reward
+from .rewards import bd_rewards, be_rewards
 from .types import Arm, Decision, StepContext, StepOutcome
 
 ALGORITHMS = ("ucb", "exp3", "sh", "ducb", "swucb")
@@ -62,8 +62,12 @@ class MetaSd(Policy):
 
     def __init__(self, config=None, **kw):
         super().__init__(config, **kw)
-        self.bandits: Dict[int, Bandit] = {}
         self.index = {d: i for i, d in enumerate(self.cfg.drafters)}
+        self._arms = [Arm(d, self.cfg.gamma) for d in self.cfg.drafters]  # reused every step
+        # UCB (the default) keeps every request's bandit as a row of one table; the
+        # other algorithms keep one small bandit object per request
+        self.table = UCBRows(len(self.cfg.drafters), self.rng, self.cfg.beta) if self.cfg.algorithm == "ucb" else None
+        self.bandits: Dict[int, Bandit] = {}
 
     def _bandit(self, seq_id: int) -> Bandit:
         b = self.bandits.get(seq_id)
@@ -71,28 +75,54 @@ class MetaSd(Policy):
             b = self.bandits[seq_id] = make_bandit(self.cfg, self.rng)
         return b
 
+    def mean(self, seq_id: int, drafter: str) -> float:
+        """Running-mean reward of `drafter` in this request's bandit."""
+        if self.table is not None:
+            return self.table.mean(seq_id, self.index[drafter])
+        return self._bandit(seq_id).mean(self.index[drafter])
+
     def decide(self, ctx: StepContext) -> Decision:
         resident = resident_names(ctx)
+        ids = [v.seq_id for v in ctx.sequences]
+        if self.table is not None:
+            picks = self.table.select(ids) if ids else []
+        else:
+            picks = [self._bandit(i).select() for i in ids]
+        if all(d in resident for d in self.cfg.drafters):
+            return Decision(arms=dict(zip(ids, map(self._arms.__getitem__, picks))))
         arms = {}
-        for v in ctx.sequences:
-            b = self._bandit(v.seq_id)
-            name = self.cfg.drafters[b.select()]
-            if name not in resident:  # fall back to the best resident drafter so far
-                usable = [d for d in self.cfg.drafters if d in resident]
+        usable = [d for d in self.cfg.drafters if d in resident]
+        for i, a in zip(ids, picks):
+            if self.cfg.drafters[a] not in resident:  # fall back to the best resident drafter so far
                 if not usable:
                     continue
-                name = max(usable, key=lambda d: b.mean(self.index[d]))
-            arms[v.seq_id] = Arm(name, self.cfg.gamma)
+                a = self.index[max(usable, key=lambda d: self.mean(i, d))]
+            arms[i] = self._arms[a]
         return Decision(arms=arms)
 
     def observe(self, outcome: StepOutcome) -> None:
-        reward = bd_reward if self.cfg.reward == "bd" else be_reward
-        for s in outcome.sequences:
-            if s.drafter in self.index and s.gamma > 0:
-                self._bandit(s.seq_id).update(self.index[s.drafter], reward(s, s.gamma))
+        index = self.index
+        played = outcome.sequences
+        arms = [index.get(s.drafter) if s.gamma > 0 else None for s in played]
+        if None in arms:
+            played = [s for s, a in zip(played, arms) if a is not None]
+            arms = [a for a in arms if a is not None]
+        if not played:
+            return
+        rewards = bd_rewards(played) if self.cfg.reward == "bd" else be_rewards(played)
+        if self.table is not None:
+            self.table.update([s.seq_id for s in played], arms, rewards)
+            return
+        for s, a, r in zip(played, arms, rewards.tolist()):
+            self._bandit(s.seq_id).update(a, r)
 
     def on_request_start(self, seq_id: int) -> None:
-        self.bandits[seq_id] = make_bandit(self.cfg, self.rng)
+        if self.table is not None:
+            self.table.reset(seq_id)
+        else:
+            self.bandits[seq_id] = make_bandit(self.cfg, self.rng)
 
     def on_request_end(self, seq_id: int) -> None:
+        if self.table is not None:
+            self.table.remove(seq_id)
         self.bandits.pop(seq_id, None)

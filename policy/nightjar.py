@@ -3,6 +3,14 @@ switching cost priced in, elastic drafter memory.
 
 Reward (a loss): l_t = 1/g_t seconds per emitted token, g_t = batch tokens / step
 time (`rewards.latency_per_token`); running mean l~_{B,gamma} per (B, gamma).
+The mean is over emitted tokens by default (`loss_average: token`): each step's
+l_t weighted by the tokens it emitted, i.e. sum of step times / sum of tokens —
+still an average of l directly (never 1/mean(g)), and the latency per token the
+paper means (l_{B,gamma} = 1/g_{B,gamma}). The per-step mean (`loss_average: step`,
+the paper's update l~ += (l_t - l~)/n) estimates E[T/tokens] instead, which at
+small batch is dominated by the steps that emitted one token (Jensen, E[1/X] >=
+1/E[X]): it penalises long drafts whose token count varies most, so it settles on
+gamma 1-2 where the per-token latency is lowest at gamma 4 (stationary test env).
 Exploitation adds the switching penalty 1(gamma_prev = 0, gamma > 0) C_switch(L_max, B)/gamma
 from an offline-profiled table (`profiles.SwitchCostTable`).
 Schedule per batch size B (Alg. 1): at bin start explore with prob 1/b_B
@@ -17,7 +25,7 @@ from typing import Dict, Optional, Tuple
 
 from .base import Policy, register, resident_names
 from .elastic import ElasticMemory
-from .params import in_range
+from .params import in_range, require
 from .profiles import SwitchCostTable
 from .rewards import latency_per_token, switching_penalty
 from .types import Arm, Decision, StepContext, StepOutcome
@@ -78,8 +86,10 @@ class NightjarConfig:
     elastic: bool = True
     tau_low_frac: float = 0.1
     t_persist: int = 8
+    loss_average: str = "token"  # token: sum T / sum tokens; step: the paper's per-step running mean
 
     def check(self, policy: str) -> None:
+        require(self.loss_average in ("token", "step"), policy, "loss_average must be 'token' or 'step'")
         in_range(policy, "gamma_max", self.gamma_max, 1, 64)
         in_range(policy, "tau_low_frac", self.tau_low_frac, 0.0, 0.9)
         in_range(policy, "t_persist", self.t_persist, 1, 10_000)
@@ -94,7 +104,7 @@ class Nightjar(Policy):
         super().__init__(config, **kw)
         self.c_switch = switch_cost or SwitchCostTable.load(self.cfg.switch_cost_path)
         self.sched: Dict[int, BinSchedule] = {}
-        self.sums: Dict[Tuple[int, int], Tuple[float, int]] = {}  # (B, gamma) -> (sum l, n)
+        self.sums: Dict[Tuple[int, int], Tuple[float, float]] = {}  # (B, gamma) -> (sum of weighted l, weight)
         self.prev_gamma = 0
         self.memory = ElasticMemory(self.cfg.tau_low_frac, self.cfg.t_persist)
         self._played: Optional[Tuple[int, int]] = None  # (B, gamma) of the pending step
@@ -129,6 +139,7 @@ class Nightjar(Policy):
         if played is not None and outcome.emitted > 0:
             key = (outcome.batch_size, played[1])
             s, n = self.sums.get(key, (0.0, 0))
-            self.sums[key] = (s + latency_per_token(outcome), n + 1)
+            w = outcome.emitted if self.cfg.loss_average == "token" else 1  # token: sum T / sum tokens
+            self.sums[key] = (s + w * latency_per_token(outcome), n + w)
         self.prev_gamma = gamma
         self._played = None

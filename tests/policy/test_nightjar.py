@@ -53,3 +53,14 @@ def test_locks_gamma_within_a_bin():
     # block j=5 (H=16) runs steps 11..26 as 4 bins of 4 locked steps
     for start in (10, 14, 18, 22):
         assert len(set(gammas[start:start + 4])) == 1
+
+
+def test_loss_is_averaged_per_emitted_token():
+    # two steps at (B=1, gamma=2): 50 ms for 1 token, 60 ms for 3 tokens
+    # per token: (0.05 + 0.06) / 4 = 27.5 ms; per step: (0.05/1 + 0.06/3) / 2 = 35 ms
+    for average, expected in (("token", 0.0275), ("step", 0.035)):
+        pol = make_policy("nightjar", drafter="draft", elastic=False, loss_average=average, rng=random.Random(0))
+        for accepted, total in ((0, 0.05), (2, 0.06)):
+            pol._played = (1, 2)
+            pol.observe(outcome([seq(0, gamma=2, accepted=accepted)], total=total))
+        assert pol._means(1)[2] == pytest.approx(expected)

@@ -44,9 +44,10 @@ def test_metasd_reinitialises_per_request_and_uses_bd():
         good = arm.drafter == "ngram"
         p.observe(outcome([seq(0, arm.drafter, 4, 3 if good else 0, tv=[0.1] * 4 if good else [0.9] * 4)]))
     assert p.decide(ctx(1)).arm_for(0).drafter == "ngram"
+    assert p.mean(0, "ngram") > 0.5
     p.on_request_end(0)
     p.on_request_start(0)
-    assert p.bandits[0].t == 0
+    assert p.mean(0, "ngram") == 0.0 and p.mean(0, "draft") == 0.0  # a fresh bandit
 
 
 @pytest.mark.parametrize("algorithm", ["ucbspec", "exp3spec"])

@@ -39,6 +39,37 @@ def test_stationary_convergence_within_5_percent(label):
     assert r.best_arm_ratio_between(ROUNDS // 2, ROUNDS, tol=0.05) >= 0.9
 
 
+LONG_ROUNDS = 4000  # stated budget for the slower schedules: best-arm ratio over rounds 2000-4000 >= 0.9
+LONG_LEARNERS = {
+    # Nightjar (ADA-BINGREEDY) explores in ~H_n/sqrt(H) of each block's bins (b_B restarts at 1 every
+    # block), uniformly over gamma 0..4 of which only 3 and 4 are within 2%: at H=2^10-2^11 that is
+    # still ~7% off-optimum steps, so it needs the longer budget. Its loss is averaged per emitted
+    # token (loss_average="token", the default); the paper's per-step mean of l_t = T_t/tokens_t
+    # (loss_average="step") estimates E[T/tokens], which at batch 1 favours gamma 1-2 (Jensen) and
+    # stays near 0.4 here — so that variant is not in this test (see policy/nightjar.py).
+    "nightjar": (dict(drafter="draft"), False),
+    # MetaSD re-initialises its bandit per request (003). Sequential Halving spends its whole budget
+    # (32 rounds) exploring in every request and EXP3 needs hundreds of rounds, so with the
+    # benchmark's 96-160-token requests (~40 steps) they restart before converging (0.5-0.6).
+    # Long requests (one request spans the whole run) are the legitimate setting for them.
+    # EXP3 mixes gamma/K uniform exploration into every draw (Alg. 7), so P(best) <= 1 - gamma (K-1)/K:
+    # the default exp3_gamma=0.4 caps it at 0.73 by construction; 0.08 allows ~0.95.
+    "metasd-sh": (dict(drafters=["draft", "draft2", "ngram"], gamma=4, algorithm="sh"), True),
+    "metasd-exp3": (dict(drafters=["draft", "draft2", "ngram"], gamma=4, algorithm="exp3", exp3_gamma=0.08), True),
+}
+
+
+@pytest.mark.parametrize("label", sorted(LONG_LEARNERS))
+def test_stationary_convergence_long_budget(label):
+    params, long_requests = LONG_LEARNERS[label]
+    env = replace(stationary(), phases=(replace(stationary().phases[0], seconds=1000.0),))
+    if long_requests:
+        env = replace(env, new_tokens=(20_000, 20_000))
+    pol = make_policy(label.split("-")[0], rng=random.Random(0), **params)
+    r = simulate(pol, env, steps=LONG_ROUNDS, seed=0)
+    assert r.best_arm_ratio_between(LONG_ROUNDS // 2, LONG_ROUNDS) >= 0.9
+
+
 def test_off_never_converges_in_stationary():  # the metric can fail
     r = simulate(make_policy("off"), stationary(), steps=200, seed=0)
     assert r.best_arm_ratio < 0.1 and r.regret > 50
