@@ -56,7 +56,7 @@ def build_loop(cfg: ServerConfig, root: Path) -> EngineLoop:
 def trace_writer(path: Path):
     """Append each StepOutcome as one JSON line (the simulator replays these files)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(path, "a", buffering=1 << 16)
+    f = open(path, "a", buffering=1)  # line-buffered: a crash loses no recorded step
 
     def write(outcome) -> None:
         f.write(json.dumps(outcome.to_dict()) + "\n")

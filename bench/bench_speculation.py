@@ -52,7 +52,6 @@ def composite_policy():
 
 # -- Part A ------------------------------------------------------------------------------------
 def part_a(max_tokens: int, repeats: int) -> list:
-    import torch
     from transformers import AutoTokenizer
 
     from backend.engines.torch_llama import TorchLlama
@@ -247,8 +246,6 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-server", action="store_true")
     ap.add_argument("--skip-engine", action="store_true", help="only Part B (through Triton)")
     args = ap.parse_args(argv)
-    import torch
-    torch.set_num_threads(torch.get_num_threads())
     RESULTS.mkdir(parents=True, exist_ok=True)
     a_rows = []
     if not args.skip_engine:

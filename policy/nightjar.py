@@ -20,7 +20,7 @@ sqrt(H_B) steps, a block sqrt(H_B) bins; then j_B += 1, H_B = 2^(j_B - 1).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 from .base import Policy, register, resident_names

@@ -37,7 +37,7 @@ def test_ragged_batch_and_truncation(engines, tokenizer):
 def test_move_slot_keeps_the_cache(engines, tokenizer):
     hf, eng = engines
     ids = tokenizer("Slots move when a sequence leaves the batch.").input_ids
-    a = eng.forward([3], [0], [ids[:-1]])
+    eng.forward([3], [0], [ids[:-1]])  # fill slot 3
     eng.move_slot(3, 1, len(ids) - 1)
     last = eng.forward([1], [len(ids) - 1], [ids[-1:]])
     ref = eng.forward([0], [0], [ids])[-1:]

@@ -7,7 +7,6 @@ import time
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException
 
 COPY_PROMPT = ("Repeat the following sentence exactly: The committee approved the new budget for the "
                "library, the park and the school after a long debate.")

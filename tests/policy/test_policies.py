@@ -7,7 +7,7 @@ from policy import make_policy
 from policy.hf_heuristic import next_gamma
 from policy.smartspec import best_gamma
 from policy.types import DrafterInfo
-from helpers import DRAFT, NGRAM, ctx, outcome, seq
+from helpers import ctx, outcome, seq
 
 
 def test_static_and_off_and_vllm_threshold():
