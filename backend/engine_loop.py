@@ -12,6 +12,15 @@ admits waiting requests into free batch slots between steps, and runs steps:
 
 Sequences occupy engine slots 0..B-1 contiguously (a leaving sequence's slot is
 refilled by moving the last one), so the engine reads K/V as views, not gathers.
+
+Memory (backend/memory.py): the target's KV blocks and the resident model drafters
+share one byte budget. A sequence holds blocks for its cached tokens, plus room for
+the pending token and its drafts during a step. When a step does not fit, drafts
+are dropped first (γ = 0 for everyone), then the youngest sequences are preempted:
+they leave the batch with their tokens and go back to the head of the queue, to
+be recomputed (one prefill) when room returns. The policy's memory actions park a
+model drafter (its bytes join the pool) or reload it in the background (bytes
+taken back first; drafted with again only once the reload signals completion).
 """
 from __future__ import annotations
 
@@ -29,15 +38,16 @@ import torch
 from policy import (Decision, DrafterInfo, Policy, SequenceOutcome, SequenceView, StepContext, StepOutcome)
 
 from .detokenizer import IncrementalDetokenizer
-from .drafters import Draft, Drafter
+from .ragged import prefill_groups
+from .drafters import Draft, Drafter, DraftRequest
+from .kv_blocks import OutOfBlocks
+from .memory import KVMemory
 from .request import GenerationRequest, Limits, RequestError, validate
-from .sampling import Verdict, accept_greedy, accept_sampling, target_probs
+from .sampling import Verdict, accept_greedy, accept_sampling, divergences, target_probs
 from .sequence import Sequence
 
 log = logging.getLogger("specserve.loop")
 
-
-KV_BLOCK_TOKENS = 16  # granularity in which KV headroom is reported to the policy
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,7 @@ class LoopConfig:
     trace_len: int = 10_000  # StepOutcomes kept in memory for inspection
     tpot_slo_s: Optional[float] = None  # time-per-output-token target handed to the policy
     cancel_poll_s: float = 0.05  # how often to ask the sinks whether their clients cancelled
+    kv_budget_bytes: Optional[int] = None  # target KV + resident drafters; None = room for every slot
 
 
 @dataclass
@@ -66,33 +77,10 @@ class LoopStats:
     drafter_errors: int = 0
     finished: int = 0
     cancelled: int = 0
-
-
-def prefill_groups(lengths: List[int], max_waste: float = 0.25, max_tokens: int = 4096) -> List[List[int]]:
-    """Group prompts (by index) for batched prefill so padding stays small.
-
-    A ragged forward pads every prompt to the longest in its group; prompts are
-    taken shortest first and a group closes when padding would exceed `max_waste`
-    of its real tokens or its padded size would exceed `max_tokens`.
-
-    >>> prefill_groups([250, 20, 240, 25])
-    [[1, 3], [2, 0]]
-    """
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    groups: List[List[int]] = []
-    real = 0
-    for i in order:
-        n = lengths[i]
-        if groups:
-            g = groups[-1]
-            padded = n * (len(g) + 1)  # n is the new longest (ascending order)
-            if padded <= (1 + max_waste) * (real + n) and padded <= max_tokens:
-                g.append(i)
-                real += n
-                continue
-        groups.append([i])
-        real = n
-    return groups
+    preemptions: int = 0
+    memory_gamma_cuts: int = 0  # steps whose drafts were dropped for lack of KV blocks
+    drafter_parks: int = 0
+    drafter_reloads: int = 0
 
 
 class EngineLoop:
@@ -105,7 +93,11 @@ class EngineLoop:
             raise ValueError("limits.max_context exceeds the engine's context window")
         self.engine, self.tok, self.drafters, self.policy = engine, tokenizer, drafters, policy
         self.cfg, self.clock, self.on_outcome = config, clock, on_outcome
-        self.kv_total_blocks = config.max_batch * (config.limits.max_context // KV_BLOCK_TOKENS)
+        self.model_drafters = {n: d for n, d in drafters.items() if d.is_model}
+        budget = config.kv_budget_bytes or KVMemory.budget_for(
+            config.max_batch * config.limits.max_context, engine.kv_bytes_per_token, self.model_drafters)
+        self.memory = KVMemory(budget, engine.kv_bytes_per_token, self.model_drafters)
+        self.pool = self.memory.pool
         self.inbox: "queue.Queue[Sequence]" = queue.Queue()
         self.waiting: "collections.deque[Sequence]" = collections.deque()
         self.running: List[Sequence] = []  # running[i].slot == i
@@ -214,6 +206,8 @@ class EngineLoop:
             self.stats.cancelled += 1
             if seq in self.waiting:
                 self.waiting.remove(seq)
+                if seq.preemptions:  # it had started: the policy saw it
+                    self._release(seq)
             else:
                 self._remove_running(seq)
             self._send(seq, final=True)
@@ -221,28 +215,44 @@ class EngineLoop:
     def _admit(self) -> None:
         new: List[Sequence] = []
         while self.waiting and len(self.running) < self.cfg.max_batch:
-            seq = self.waiting.popleft()
+            seq = self.waiting[0]
+            n = len(seq.prefill_ids)
+            # Keep a block of growth per running sequence so admission does not force preemption.
+            if not self.pool.can_allocate(n + self.pool.block_size * (len(self.running) + 1)):
+                if not self.running and not new and not self.pool.can_allocate(n + 1):
+                    self.waiting.popleft()
+                    self._fail(seq, f"the request needs {n + 1} tokens of KV cache; the memory budget holds "
+                                    f"{self.pool.num_blocks * self.pool.block_size}")
+                    continue
+                break
+            self.waiting.popleft()
+            self.pool.allocate(seq.seq_id, n)
             seq.slot = len(self.running)
             self.running.append(seq)
             new.append(seq)
-            self.policy.on_request_start(seq.seq_id)
+            if not seq.preemptions:
+                self.policy.on_request_start(seq.seq_id)
         if not new:
             return
         t0 = self.clock()
-        for group in prefill_groups([len(s.prompt_ids) for s in new]):
+        for group in prefill_groups([len(s.prefill_ids) for s in new]):
             self._prefill([new[i] for i in group])
         self.stats.prefills += len(new)
         self.stats.prefill_time_s += self.clock() - t0
         self._emit(new)
 
     def _prefill(self, new: List[Sequence]) -> None:
-        """One ragged forward for these prompts; logits only at each prompt's last position."""
-        logits = self.engine.forward([s.slot for s in new], [0] * len(new), [s.prompt_ids for s in new],
-                                     logit_rows=[[len(s.prompt_ids) - 1] for s in new])
+        """One ragged forward for these prompts; logits only at each prompt's last position.
+        A preempted sequence recomputes its cache (all tokens but the pending one) and samples nothing."""
+        logits = self.engine.forward([s.slot for s in new], [0] * len(new), [s.prefill_ids for s in new],
+                                     logit_rows=[[len(s.prefill_ids) - 1] for s in new])
         for i, seq in enumerate(new):
-            seq.kv_len = len(seq.prompt_ids)
+            resumed = seq.generated > 0
+            seq.kv_len = len(seq.prefill_ids)
             for d in self.drafters.values():  # drafters learn where the prompt ends
-                d.commit(seq.seq_id, seq.prompt_ids)
+                d.commit(seq.seq_id, seq.tokens if resumed else seq.prompt_ids)
+            if resumed:
+                continue
             first = self._sample_one(seq, logits[i: i + 1])
             seq.first_token_s = self.clock()
             seq.append([first], self.cfg.limits.max_context)
@@ -256,39 +266,28 @@ class EngineLoop:
     def _context(self, step: int) -> StepContext:
         views = [SequenceView(seq_id=s.seq_id, context_len=s.kv_len, generated=s.generated,
                               max_new_tokens=s.request.max_tokens, temperature=s.request.sampling.temperature,
-                              last_drafter=s.last_drafter) for s in self.running]
-        infos = [DrafterInfo(name=n, is_model=d.is_model, resident=True) for n, d in self.drafters.items()]
-        # KV headroom in blocks of KV_BLOCK_TOKENS over the slots' capacity (free slots count as free).
-        used = sum(-(-s.kv_len // KV_BLOCK_TOKENS) for s in self.running)
+                              last_drafter=s.last_drafter,
+                              uncaught_tokens={n: d.lag(s.seq_id, s.tokens) for n, d in self.model_drafters.items()})
+                 for s in self.running]
+        infos = [DrafterInfo(name=n, is_model=d.is_model, resident=d.resident,
+                             size_blocks=self.memory.drafter_blocks(n) if d.is_model else 0)
+                 for n, d in self.drafters.items()]
         return StepContext(step=step, sequences=views, drafters=infos, queue_len=len(self.waiting) + self.inbox.qsize(),
-                           kv_free_blocks=self.kv_total_blocks - used, kv_total_blocks=self.kv_total_blocks,
+                           kv_free_blocks=self.pool.num_free, kv_total_blocks=self.pool.num_blocks,
                            tpot_slo_s=self.cfg.tpot_slo_s)
 
     def _speculative_step(self) -> None:
         t_start = self.clock()
-        batch = list(self.running)  # _emit may retire sequences from self.running
         ctx = self._context(self.stats.steps)
         decision: Decision = self.policy.decide(ctx)
-        max_ctx = self.cfg.limits.max_context
+        self._apply_memory_actions(decision)
+        gammas = self._fit_in_memory(self._gammas(decision))
+        batch = list(self.running)  # after preemption; _emit may retire sequences from self.running
+        if not batch:
+            return
 
         t_draft = self.clock()
-        drafts: List[Draft] = []
-        drafter_names: List[Optional[str]] = []
-        for seq in batch:
-            arm = decision.arm_for(seq.seq_id)
-            # Never draft past max_tokens (a step emits up to γ+1) or the context window.
-            room = min(seq.request.max_tokens - seq.generated, max_ctx - seq.kv_len) - 1
-            gamma = max(0, min(arm.gamma, room))
-            draft = Draft(tokens=[])
-            if gamma > 0 and arm.drafter in self.drafters:
-                try:
-                    draft = self.drafters[arm.drafter].propose(seq.seq_id, seq.tokens, gamma)
-                except Exception:
-                    self.stats.drafter_errors += 1
-                    log.exception("drafter %s failed; sequence %d falls back to γ=0", arm.drafter, seq.seq_id)
-                    draft = Draft(tokens=[])
-            drafts.append(draft)
-            drafter_names.append(arm.drafter if gamma > 0 else None)
+        drafts, drafter_names = self._draft(ctx, batch, decision, gammas)
         # The policy may verify fewer tokens than drafted (AdaSpec's draft-token elimination).
         proposed = {seq.seq_id: d.confidences for seq, d in zip(batch, drafts) if len(d)}
         if proposed:
@@ -302,6 +301,8 @@ class EngineLoop:
         t_verify = self.clock()
         # The pending token (last emitted, not yet cached) followed by the drafts.
         inputs = [[seq.tokens[seq.kv_len]] + d.tokens for seq, d in zip(batch, drafts)]
+        for seq, inp in zip(batch, inputs):
+            self.pool.append(seq.seq_id, len(inp))  # fits: _fit_in_memory reserved it
         logits = self.engine.forward([s.slot for s in batch], [s.kv_len for s in batch], inputs)
 
         t_accept = self.clock()
@@ -309,16 +310,21 @@ class EngineLoop:
         outcomes, row = [], 0
         for seq, draft, name in zip(batch, drafts, drafter_names):
             n = len(draft) + 1
+            p = None
             if seq.request.sampling.greedy:
                 verdict = accept_greedy(argmax[row: row + n], draft.tokens)
             else:
                 p = target_probs(logits[row: row + n], seq.request.sampling)
                 verdict = accept_sampling(p, draft.tokens, draft.q, seq.generator)
+            kl, tv = [], []
+            if draft.q is not None and len(draft):  # a model drafter: how far q is from p
+                p_rows = p[: len(draft)] if p is not None else torch.softmax(logits[row: row + len(draft)], -1)
+                kl, tv = divergences(p_rows, draft.q)
             row += n
             self._commit(seq, draft, verdict, name)
             outcomes.append(SequenceOutcome(seq_id=seq.seq_id, drafter=name, gamma=len(draft),
                                             accepted=verdict.accepted, emitted=len(verdict.tokens),
-                                            p_draft=verdict.p_draft, q_draft=draft.confidences))
+                                            p_draft=verdict.p_draft, q_draft=draft.confidences, kl=kl, tv=tv))
         t_io = self.clock()
         self._emit(batch)
         t_end = self.clock()
@@ -343,10 +349,93 @@ class EngineLoop:
         st.drafted += outcome.drafted
         st.accepted += outcome.accepted
 
+    def _gammas(self, decision: Decision) -> Dict[int, int]:
+        """γ per sequence: the policy's, capped so a step (up to γ+1 tokens) never passes
+        max_tokens or the context window; 0 when its drafter is unknown or not resident."""
+        out = {}
+        for seq in self.running:
+            arm = decision.arm_for(seq.seq_id)
+            d = self.drafters.get(arm.drafter)
+            room = min(seq.request.max_tokens - seq.generated, self.cfg.limits.max_context - seq.kv_len) - 1
+            out[seq.seq_id] = max(0, min(arm.gamma, room)) if d is not None and d.resident else 0
+        return out
+
+    def _fit_in_memory(self, gammas: Dict[int, int]) -> Dict[int, int]:
+        """Make this step's tokens fit in the KV pool: drop drafts, then preempt the youngest."""
+        def need() -> int:
+            return sum(self.pool.extra_blocks(s.seq_id, 1 + gammas[s.seq_id]) for s in self.running)
+        if need() <= self.pool.num_free:
+            return gammas
+        if any(gammas.values()):
+            gammas = dict.fromkeys(gammas, 0)
+            self.stats.memory_gamma_cuts += 1
+        while self.running and need() > self.pool.num_free:
+            youngest = max(self.running, key=lambda s: (s.arrival_s, s.seq_id))
+            self._preempt(youngest)
+        return gammas
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Out of the batch, tokens kept; resumes (recomputing its cache) before newer requests."""
+        log.info("preempting sequence %d (%d tokens) for lack of KV blocks", seq.seq_id, len(seq.tokens))
+        self._vacate(seq)
+        seq.kv_len = 0
+        seq.preemptions += 1
+        self.stats.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _apply_memory_actions(self, decision: Decision) -> None:
+        for action in decision.memory_actions:
+            d = self.model_drafters.get(action.drafter)
+            if d is None:
+                continue
+            if action.kind == "offload" and d.resident:
+                d.park()
+                self.memory.parked(action.drafter)
+                self.stats.drafter_parks += 1
+                log.info("parked drafter %s; KV pool now %d blocks", action.drafter, self.pool.num_blocks)
+            elif action.kind == "reload" and not d.resident and not d.reloading:
+                try:
+                    self.memory.reserve_for_reload(action.drafter)  # CPU engine: moves are table remaps
+                except OutOfBlocks:
+                    log.debug("reload of %s deferred: too few free KV blocks", action.drafter)
+                    continue
+                d.start_reload()
+                self.stats.drafter_reloads += 1
+                log.info("reloading drafter %s; KV pool now %d blocks", action.drafter, self.pool.num_blocks)
+
+    def _draft(self, ctx: StepContext, batch: List[Sequence], decision: Decision, gammas: Dict[int, int]):
+        """Drafts per sequence (batch order), one propose_batch per drafter; a failing drafter's
+        sequences fall back to γ = 0 for this step."""
+        drafts: List[Draft] = [Draft(tokens=[]) for _ in batch]
+        names: List[Optional[str]] = [None] * len(batch)
+        groups: Dict[str, List[int]] = {}
+        for i, seq in enumerate(batch):
+            if gammas.get(seq.seq_id, 0) > 0:
+                groups.setdefault(decision.arm_for(seq.seq_id).drafter, []).append(i)
+
+        def keep_going(seq_id: int, confidences: list) -> bool:
+            return self.policy.continue_drafting(ctx, seq_id, confidences)
+
+        for name, idxs in groups.items():
+            reqs = [DraftRequest(batch[i].seq_id, batch[i].tokens, gammas[batch[i].seq_id],
+                                 temperature=0.0 if batch[i].request.sampling.greedy
+                                 else batch[i].request.sampling.temperature,
+                                 generator=batch[i].generator) for i in idxs]
+            try:
+                out = self.drafters[name].propose_batch(reqs, keep_going)
+            except Exception:
+                self.stats.drafter_errors += 1
+                log.exception("drafter %s failed; its %d sequences fall back to γ=0", name, len(idxs))
+                continue
+            for i, d in zip(idxs, out):
+                drafts[i], names[i] = d, name
+        return drafts, names
+
     def _commit(self, seq: Sequence, draft: Draft, verdict: Verdict, drafter: Optional[str]) -> None:
         # Cached now: the pending token + the accepted drafts; the rest of the drafts are
         # overwritten later (truncation is just the length).
         seq.kv_len += 1 + verdict.accepted
+        self.pool.truncate(seq.seq_id, seq.kv_len)
         seq.drafted += len(draft)
         seq.accepted += verdict.accepted
         seq.last_drafter = drafter
@@ -384,18 +473,23 @@ class EngineLoop:
                 self._remove_running(seq)
 
     def _remove_running(self, seq: Sequence) -> None:
-        if seq.slot < 0 or seq.slot >= len(self.running) or self.running[seq.slot] is not seq:
-            self._release(seq)
-            return
-        i, last = seq.slot, self.running.pop()
-        if last is not seq:  # keep slots contiguous: move the last sequence into the hole
-            self.engine.move_slot(last.slot, i, last.kv_len)
-            last.slot = i
-            self.running[i] = last
-        self._release(seq)
+        self._vacate(seq)
+        self.policy.on_request_end(seq.seq_id)
 
-    def _release(self, seq: Sequence) -> None:
+    def _vacate(self, seq: Sequence) -> None:
+        """Give back its batch slot, KV blocks and drafter state."""
+        if 0 <= seq.slot < len(self.running) and self.running[seq.slot] is seq:
+            i, last = seq.slot, self.running.pop()
+            if last is not seq:  # keep slots contiguous: move the last sequence into the hole
+                self.engine.move_slot(last.slot, i, last.kv_len)
+                last.slot = i
+                self.running[i] = last
         seq.slot = -1
+        if seq.seq_id in self.pool:
+            self.pool.free(seq.seq_id)
         for d in self.drafters.values():
             d.release(seq.seq_id)
+
+    def _release(self, seq: Sequence) -> None:
+        self._vacate(seq)
         self.policy.on_request_end(seq.seq_id)

@@ -98,7 +98,7 @@ class BlockPool:
         return self.blocks_for(n_tokens) <= len(self._free)
 
     def can_append(self, seq_id: int, n_new: int) -> bool:
-        return self._extra_blocks(seq_id, n_new) <= len(self._free)
+        return self.extra_blocks(seq_id, n_new) <= len(self._free)
 
     # --- changes ---------------------------------------------------------------------
     def allocate(self, seq_id: int, n_tokens: int) -> List[int]:
@@ -115,7 +115,7 @@ class BlockPool:
         """Grow the sequence by `n_new` tokens; returns the blocks added (often none)."""
         if n_new < 0:
             raise ValueError(f"kv_blocks: n_new must be >= 0, got {n_new}")
-        new = self._take(self._extra_blocks(seq_id, n_new))
+        new = self._take(self.extra_blocks(seq_id, n_new))
         self._tables[seq_id].extend(new)
         self._lens[seq_id] += n_new
         return new
@@ -191,9 +191,11 @@ class BlockPool:
             raise OutOfBlocks(f"kv_blocks: need {n_blocks_needed} blocks, at most {have} can be freed")
         return victims
 
-    # --- internals -------------------------------------------------------------------
-    def _extra_blocks(self, seq_id: int, n_new: int) -> int:
+    def extra_blocks(self, seq_id: int, n_new: int) -> int:
+        """Blocks the sequence would need to grow by `n_new` tokens."""
         return self.blocks_for(self._lens[seq_id] + n_new) - len(self._tables[seq_id])
+
+    # --- internals -------------------------------------------------------------------
 
     def _take(self, n: int) -> List[int]:
         if n > len(self._free):

@@ -105,3 +105,12 @@ def accept_sampling(p: torch.Tensor, draft: Sequence[int], q: Optional[torch.Ten
         return Verdict(tokens=out, accepted=j, p_draft=p_draft)
     out.append(int(torch.multinomial(p[gamma], 1, generator=generator)))
     return Verdict(tokens=out, accepted=gamma, p_draft=p_draft)
+
+
+def divergences(p: torch.Tensor, q: torch.Tensor) -> tuple:
+    """KL(p||q) and TV(p, q) per row (lists of floats): how far a model drafter's q is from the
+    target's p at each verified draft position (DSDE's signal). q may be zero where p is not
+    (a draft-vocabulary head); it is floored at 1e-10, so KL stays finite but large there."""
+    kl = (p * (p.clamp_min(1e-30).log() - q.clamp_min(1e-10).log())).sum(-1)
+    tv = 0.5 * (p - q).abs().sum(-1)
+    return kl.tolist(), tv.tolist()

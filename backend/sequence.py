@@ -53,10 +53,16 @@ class Sequence:
     arrival_s: float = 0.0
     first_token_s: Optional[float] = None
     stop_at: Optional[int] = field(default=None)  # char index where a stop word begins
+    preemptions: int = 0  # times it left the batch for lack of KV blocks (and was recomputed)
 
     @property
     def generated(self) -> int:
         return len(self.tokens) - len(self.prompt_ids)
+
+    @property
+    def prefill_ids(self) -> List[int]:
+        """What a prefill caches: the prompt, or after a preemption every token but the pending one."""
+        return self.tokens[:-1] if self.generated > 0 else self.prompt_ids
 
     @property
     def finished(self) -> bool:

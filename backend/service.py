@@ -10,7 +10,8 @@ import torch
 from policy import Policy, make_policy
 from policy.config import load_policy_config
 
-from .drafters import make_drafter
+from .drafters import DRAFTERS, Drafter, make_drafter
+from .drafters.model import ModelDrafter, find_artifact
 from .engine_loop import EngineLoop, LoopConfig
 from .engines.torch_llama import TorchLlama
 from .request import Limits
@@ -45,12 +46,27 @@ def build_loop(cfg: ServerConfig, root: Path) -> EngineLoop:
         log.info("serving %s", json.loads(manifest.read_text()).get("name", ckpt.name))
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
     engine = TorchLlama(ckpt, dtype=cfg.dtype, max_slots=cfg.max_batch, max_context=cfg.max_context)
-    drafters = {name: make_drafter(name) for name in filter(None, (n.strip() for n in cfg.drafters.split(",")))}
+    drafters = {name: build_drafter(name, cfg, root, engine)
+                for name in filter(None, (n.strip() for n in cfg.drafters.split(",")))}
     loop_cfg = LoopConfig(max_batch=cfg.max_batch,
                           limits=Limits(max_tokens=cfg.max_tokens_limit, max_context=cfg.max_context),
-                          tpot_slo_s=cfg.tpot_slo_ms / 1000 if cfg.tpot_slo_ms > 0 else None)
+                          tpot_slo_s=cfg.tpot_slo_ms / 1000 if cfg.tpot_slo_ms > 0 else None,
+                          kv_budget_bytes=cfg.kv_budget_mb * 2**20 if cfg.kv_budget_mb > 0 else None)
     on_outcome = trace_writer(cfg.resolve(cfg.trace_file, root)) if cfg.trace_file else None
     return EngineLoop(engine, tokenizer, drafters, load_policy(cfg, root), loop_cfg, on_outcome=on_outcome)
+
+
+def build_drafter(name: str, cfg: ServerConfig, root: Path, engine: TorchLlama) -> Drafter:
+    """A registered drafter by name, else a model drafter built by build_engines/distill_drafter.py."""
+    if name in DRAFTERS:
+        return make_drafter(name)
+    path = find_artifact(cfg.resolve(cfg.drafter_dir, root), name)
+    if path is None:
+        raise ValueError(f"unknown drafter {name!r}: not one of {', '.join(sorted(DRAFTERS))} and no model drafter "
+                         f"'{name}-drafter' in {cfg.drafter_dir} (build it: python -m build_engines.distill_drafter)")
+    d = ModelDrafter(name, path, dtype=cfg.dtype, max_slots=cfg.max_batch, max_context=cfg.max_context, target=engine)
+    log.info("model drafter %s from %s (%.1f MB resident)", name, path, d.weight_bytes / 2**20)
+    return d
 
 
 def trace_writer(path: Path):

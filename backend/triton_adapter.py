@@ -122,6 +122,10 @@ class MetricsPublisher:
         "specserve_requests_finished_total": ("finished", "requests finished (stop or length)"),
         "specserve_requests_cancelled_total": ("cancelled", "requests cancelled by the client"),
         "specserve_drafter_errors_total": ("drafter_errors", "drafter failures (fell back to plain decoding)"),
+        "specserve_preemptions_total": ("preemptions", "sequences preempted for lack of KV blocks (recomputed later)"),
+        "specserve_memory_gamma_cuts_total": ("memory_gamma_cuts", "steps whose drafts were dropped for lack of KV blocks"),
+        "specserve_drafter_parks_total": ("drafter_parks", "model drafters parked to give their memory to the KV pool"),
+        "specserve_drafter_reloads_total": ("drafter_reloads", "model drafter reloads started"),
     }
     PHASES = ("prefill", "draft", "verify", "accept", "io", "step")
 
@@ -144,6 +148,10 @@ class MetricsPublisher:
                                     description="sequences by state (running hold a batch slot and KV cache)")
         self.families.append(fam)
         self.gauges = {st: fam.Metric(labels={"state": st}) for st in ("running", "waiting")}
+        fam = pb_utils.MetricFamily(name="specserve_kv_blocks", kind=gauge,
+                                    description="KV cache blocks (16 tokens) by state; the pool grows when a drafter is parked")
+        self.families.append(fam)
+        self.kv_gauges = {st: fam.Metric(labels={"state": st}) for st in ("free", "total")}
         self.thread = threading.Thread(target=self._run, name="metrics", daemon=True)
         self.thread.start()
 
@@ -156,6 +164,8 @@ class MetricsPublisher:
                 entry[1] = value
         self.gauges["running"].set(len(self.loop.running))
         self.gauges["waiting"].set(len(self.loop.waiting) + self.loop.inbox.qsize())
+        self.kv_gauges["free"].set(self.loop.pool.num_free)
+        self.kv_gauges["total"].set(self.loop.pool.num_blocks)
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):

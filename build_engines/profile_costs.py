@@ -4,13 +4,16 @@ Measures on this machine, with the real engine:
   * target forward time T(context bucket, token batch n) — AdaSpec's table; a token
     batch of n is B = max(1, n // 4) sequences verifying n / B tokens each, the
     shape of a speculative step (γ + 1 = 4) at that load;
-  * draft time per model drafter (none yet: model-free drafters cost ~20 µs,
-    measured into draft_s so the table is honest about it);
-  * C_switch(L_max, B) (Nightjar): the catch-up prefill a model drafter pays after
-    speculation was off. Model-free drafters have no state to catch up, so the
-    table is zero until model drafters exist (issue 4).
+  * draft time: one decode sub-step of the model drafter (the distilled drafter
+    built by build_engines/distill_drafter.py, if any; its B sequences x 1 token at
+    token batch B) — without one, the n-gram drafter's ~20 µs per sequence;
+  * C_switch(L_max, B) (Nightjar): the catch-up prefill of L_max tokens for B
+    sequences a model drafter pays after it was not drafting; zero without one.
 
     python -m build_engines.profile_costs --out .cache/profiles/smollm2-135m-bf16.json
+
+The profile records which drafter it measured; a run whose drafter differs (one was
+built since) measures again.
 """
 from __future__ import annotations
 
@@ -57,7 +60,61 @@ def time_ngram_draft(repeats: int = 200) -> float:
     return (time.perf_counter() - t0) / repeats
 
 
-def profile(checkpoint: Path, dtype: str, repeats: int) -> dict:
+def time_decode(engine, ctx: int, b: int, repeats: int) -> float:
+    """One decode sub-step of b sequences (1 token each) at context ctx. The cache is not filled
+    first: attending over zeros costs what attending over real keys does, and filling 128
+    sequences of 1.5k tokens would take minutes."""
+    slots = list(range(b))
+    samples = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        engine.forward(slots, [ctx] * b, [[7]] * b)
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples[1:])
+
+
+def time_catch_up(engine, l_max: int, b: int, repeats: int) -> float:
+    samples = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        engine.forward(list(range(b)), [0] * b, [[11] * l_max] * b, logit_rows=[[l_max - 1]] * b)
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples[1:])
+
+
+def drafter_profile(drafter_dir: Path, dtype: str, repeats: int):
+    """(name, draft_s table, switch-cost table) of the first built model drafter, or None."""
+    from backend.drafters.model import find_artifact
+    from backend.engines.torch_llama import TorchLlama
+    for name in ("chat", "code"):
+        path = find_artifact(drafter_dir, name)
+        if path is None:
+            continue
+        max_b = TOKEN_BATCH[-1]
+        eng = TorchLlama(path, dtype=dtype, max_slots=max_b, max_context=max(CTX_BUCKETS[-1], 1024) + 16)
+        draft = []
+        for ctx in CTX_BUCKETS:
+            draft.append([time_decode(eng, ctx, n, repeats) for n in TOKEN_BATCH])
+            log(f"{name} drafter, context {ctx}: " + ", ".join(f"B={n} {1000 * t:.1f} ms"
+                                                              for n, t in zip(TOKEN_BATCH, draft[-1])))
+        l_max, batch = [16, 64, 256, 1024], [1, 8, 32]
+        switch = [[time_catch_up(eng, lm, b, max(1, repeats // 2)) if lm * b <= 8192 else 0.0 for b in batch]
+                  for lm in l_max]
+        for i, lm in enumerate(l_max):  # too big to time here: extrapolate linearly in tokens
+            for j, b in enumerate(batch):
+                if switch[i][j] == 0.0:
+                    switch[i][j] = switch[i - 1][j] * lm / l_max[i - 1]
+        log(f"{name} drafter catch-up (l_max x batch, s): {switch}")
+        return f"{path.name}@{_built_at(path)}", draft, {"l_max": l_max, "batch": batch, "seconds": switch}
+    return None
+
+
+def _built_at(path: Path) -> str:
+    mf = path / "manifest.json"
+    return json.loads(mf.read_text()).get("built_at", "?") if mf.exists() else "?"
+
+
+def profile(checkpoint: Path, dtype: str, repeats: int, drafter_dir: Path) -> dict:
     import torch
 
     from backend.engines.torch_llama import TorchLlama
@@ -71,19 +128,27 @@ def profile(checkpoint: Path, dtype: str, repeats: int) -> dict:
             row.append(time_forward(engine, ctx, n, repeats))
             log(f"context {ctx:5d}, token batch {n:4d} (B={shape_for(n)[0]}): {1000 * row[-1]:7.1f} ms")
         target.append(row)
-    draft = time_ngram_draft()
-    log(f"ngram draft: {1e6 * draft:.0f} µs per sequence")
+    del engine
     zeros = [0.0] * len(TOKEN_BATCH)
+    measured = drafter_profile(drafter_dir, dtype, repeats)
+    if measured is None:
+        ngram = time_ngram_draft()
+        log(f"no model drafter built; ngram draft: {1e6 * ngram:.0f} µs per sequence")
+        drafter = "ngram"
+        draft_s = [[ngram * n for n in TOKEN_BATCH] for _ in CTX_BUCKETS]
+        switch = {"l_max": [16, 64, 256, 1024], "batch": [1, 8, 32], "seconds": [[0.0] * 3] * 4}
+    else:
+        drafter, draft_s, switch = measured
     return {
         "profile_version": PROFILE_VERSION,
         "checkpoint": str(checkpoint), "dtype": dtype, "threads": torch.get_num_threads(),
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         # AdaSpec step-time table (policy/profiles.py StepTimeProfile)
         "ctx_buckets": list(CTX_BUCKETS), "token_batch": list(TOKEN_BATCH), "target_s": target,
-        "draft_s": [[draft * n for n in TOKEN_BATCH] for _ in CTX_BUCKETS],
+        "drafter": drafter, "draft_s": draft_s,
         "target_overhead_s": zeros, "draft_overhead_s": zeros,
-        # Nightjar C_switch(L_max, B) (policy/profiles.py SwitchCostTable): no model drafter yet
-        "switch_cost": {"l_max": [16, 64, 256, 1024], "batch": [1, 8, 32], "seconds": [[0.0] * 3] * 4},
+        # Nightjar C_switch(L_max, B) (policy/profiles.py SwitchCostTable)
+        "switch_cost": switch,
     }
 
 
@@ -93,12 +158,19 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--drafter-dir", type=Path, default=Path(".cache/drafters"))
     ap.add_argument("--force", action="store_true")
     args = ap.parse_args(argv)
     if args.out.exists() and not args.force:
-        log(f"{args.out} exists; --force to measure again")
-        return 0
-    result = profile(args.checkpoint, args.dtype, args.repeats)
+        from backend.drafters.model import find_artifact
+        have = json.loads(args.out.read_text()).get("drafter")
+        built = next((f"{p.name}@{_built_at(p)}" for p in (find_artifact(args.drafter_dir, n) for n in ("chat", "code"))
+                      if p is not None), "ngram")
+        if have == built:
+            log(f"{args.out} is up to date ({built}); --force to measure again")
+            return 0
+        log(f"{args.out} measured {have!r}, now {built!r}: measuring again")
+    result = profile(args.checkpoint, args.dtype, args.repeats, args.drafter_dir)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     switch = args.out.with_name(args.out.stem + ".switch.json")

@@ -3,8 +3,10 @@
 #   1. the project venv (.venv) with pinned requirements (torch 2.13.0 CPU),
 #   2. the real Triton Inference Server + Python backend from the nvidia-pytriton wheel,
 #   3. the default model, converted once into a cached safetensors checkpoint,
-#   4. the step-time / switch-cost profile of this machine (build_engines/profile_costs.py),
-#   5. (unless SPECSERVE_SKIP_LOADTOOLS=1) perf_analyzer and genai-perf.
+#   4. the distilled model drafters (build_engines/distill_drafter.py; SPECSERVE_DRAFTER_PRESET=
+#      full (default, ~20 min per drafter the first time) or quick (a minute; what the tests need)),
+#   5. the step-time / switch-cost profile of this machine (build_engines/profile_costs.py),
+#   6. (unless SPECSERVE_SKIP_LOADTOOLS=1) perf_analyzer and genai-perf.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="$ROOT/.cache"
@@ -45,11 +47,15 @@ fi
 .venv/bin/python -m build_engines.convert_target --out "$CACHE/models/smollm2-135m-instruct" \
   --download-cache "$CACHE/downloads"
 
-# 4. step-time / switch-cost profile the adaptive policies read (measured on this machine)
-.venv/bin/python -m build_engines.profile_costs --repeats 3 \
+# 4. model drafters, distilled from the target on this CPU (skipped when already built)
+.venv/bin/python -m build_engines.distill_drafter --preset "${SPECSERVE_DRAFTER_PRESET:-full}" \
+  --target "$CACHE/models/smollm2-135m-instruct" --out "$CACHE/drafters"
+
+# 5. step-time / switch-cost profile the adaptive policies read (measured on this machine)
+.venv/bin/python -m build_engines.profile_costs --repeats 3 --drafter-dir "$CACHE/drafters" \
   --checkpoint "$CACHE/models/smollm2-135m-instruct" --out "$CACHE/profiles/smollm2-135m-bf16.json"
 
-# 5. load-testing clients ------------------------------------------------------------
+# 6. load-testing clients ------------------------------------------------------------
 if [ "${SPECSERVE_SKIP_LOADTOOLS:-0}" != "1" ] && [ -f scripts/setup_loadtools.sh ]; then
   bash scripts/setup_loadtools.sh
 fi

@@ -1,6 +1,7 @@
-"""Drafters propose draft tokens; they never verify. Add one: a module + a registry line."""
-from .base import DRAFTERS, Draft, Drafter, make_drafter
+"""Drafters propose draft tokens; they never verify. Add one: a module + a registry line.
+Model drafters (backend/drafters/model.py) are built from artifacts, not registered by name."""
+from .base import DRAFTERS, ContinueFn, Draft, Drafter, DraftRequest, make_drafter
 from . import ngram  # noqa: F401  (registers "ngram")
 from . import suffix  # noqa: F401  (registers "suffix")
 
-__all__ = ["DRAFTERS", "Draft", "Drafter", "make_drafter"]
+__all__ = ["DRAFTERS", "ContinueFn", "Draft", "Drafter", "DraftRequest", "make_drafter"]

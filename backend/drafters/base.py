@@ -6,12 +6,16 @@ distribution per drafted position, and confidences q(d_j); model-free drafters
 return q=None, meaning one-hot at the proposal (confidence 1.0).
 Drafters that keep per-sequence state (model drafters' KV cache) learn what was
 accepted through `commit` and forget sequences through `release`.
+
+The engine loop calls `propose_batch` once per drafter per step with every sequence
+that drafter serves; model drafters override it to run one batched forward per draft
+sub-step, model-free drafters inherit the per-sequence loop.
 """
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Sequence, Type
+from typing import Callable, Dict, List, Optional, Sequence, Type
 
 import torch
 
@@ -26,13 +30,31 @@ class Draft:
         return len(self.tokens)
 
 
+@dataclass
+class DraftRequest:
+    seq_id: int
+    tokens: Sequence[int]  # committed tokens
+    gamma: int
+    temperature: float = 0.0  # the request's; model drafters sample drafts from q at this temperature
+    generator: Optional[torch.Generator] = None
+
+
+# Asked between a model drafter's sub-steps: (seq_id, confidences so far) -> keep drafting?
+ContinueFn = Callable[[int, list], bool]
+
+
 class Drafter(abc.ABC):
     name: str = ""
     is_model: bool = False
+    resident: bool = True  # usable now; model drafters are not while parked or reloading
 
     @abc.abstractmethod
     def propose(self, seq_id: int, tokens: Sequence[int], gamma: int) -> Draft:
         """Propose up to `gamma` tokens to follow `tokens` (the committed sequence)."""
+
+    def propose_batch(self, requests: List[DraftRequest], keep_going: Optional[ContinueFn] = None) -> List[Draft]:
+        """One Draft per request, in order. A failure raises for the whole group."""
+        return [self.propose(r.seq_id, r.tokens, r.gamma) for r in requests]
 
     def commit(self, seq_id: int, tokens: Sequence[int]) -> None:
         """The committed sequence grew to `tokens` (after acceptance)."""
@@ -50,7 +72,6 @@ def register(cls: Type[Drafter]) -> Type[Drafter]:
 
 
 def make_drafter(name: str, **params) -> Drafter:
-    try:
-        return DRAFTERS[name](**params)
-    except KeyError:
-        raise ValueError(f"unknown drafter {name!r}; known: {', '.join(sorted(DRAFTERS))}") from None
+    if name not in DRAFTERS:
+        raise ValueError(f"unknown drafter {name!r}; known: {', '.join(sorted(DRAFTERS))}")
+    return DRAFTERS[name](**params)

@@ -103,7 +103,7 @@ def load_checkpoint(ckpt: Path, dtype: torch.dtype):
         tensors.update(load_file(str(f)))
     if not tensors:
         raise FileNotFoundError(f"no *.safetensors in {ckpt}")
-    return shape, {k.removeprefix("model."): v.to(dtype) for k, v in tensors.items()}
+    return shape, {k.removeprefix("model."): v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
 
 
 class TorchLlama:
@@ -120,6 +120,8 @@ class TorchLlama:
         self.lm_head = Linear(w["embed_tokens.weight"] if s.tie_embeddings or "lm_head.weight" not in w
                               else w["lm_head.weight"])
         self.final_norm = w["norm.weight"]
+        # A drafter's head may cover only a draft vocabulary: logit column j is token draft_vocab[j].
+        self.draft_vocab = w.get("draft_vocab")
         self.layers = []
         for i in range(s.layers):
             p = f"layers.{i}."

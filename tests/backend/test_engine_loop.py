@@ -3,6 +3,7 @@ import time
 
 import pytest
 
+from backend.drafters import Drafter
 from backend.engine_loop import prefill_groups
 from backend.engines.torch_llama import TorchLlama
 from backend.request import GenerationRequest, RequestError
@@ -60,17 +61,11 @@ def test_refusals_name_the_problem(engine, tokenizer, request_, message):
 
 
 def test_drafter_failure_falls_back_to_plain_decoding(engine, tokenizer):
-    class Broken:
-        name, is_model = "broken", False
+    class Broken(Drafter):
+        name = "broken"
 
         def propose(self, *a):
             raise RuntimeError("boom")
-
-        def commit(self, *a):
-            pass
-
-        def release(self, *a):
-            pass
 
     loop = make_loop(engine, tokenizer, "static", drafters={"broken": Broken()}, drafter="broken", gamma=3)
     plain = run_all(make_loop(engine, tokenizer, "off"), [greedy("a b c a b c a b", 10)])[0]

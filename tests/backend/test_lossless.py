@@ -5,9 +5,25 @@ from pathlib import Path
 import pytest
 
 from backend.engines.torch_llama import TorchLlama
-from policy import POLICIES
+from backend.drafters import make_drafter
+from backend.drafters.model import ModelDrafter, find_artifact
+from policy import POLICIES, Arm, Decision, MemoryAction, Policy
+from policy.base import resident_names
 from policy.config import policy_from_config
 from loop_helpers import greedy, make_loop, run_all
+
+# -- model drafters (built by build_engines/distill_drafter.py; the set-up builds them) ---------------
+
+DRAFTER_DIR = Path(__file__).resolve().parents[2] / ".cache" / "drafters"
+
+
+def model_drafter(name, engine):
+    path = find_artifact(DRAFTER_DIR, name)
+    if path is None:
+        pytest.fail(f"model drafter {name!r} not built in {DRAFTER_DIR}: run scripts/setup.sh")
+    return ModelDrafter(name, path, dtype="fp32", max_slots=engine.max_slots, max_context=engine.max_context,
+                        target=engine)
+
 
 ARTICLE = ("The Amazon rainforest covers much of the Amazon basin of South America. This basin encompasses "
            "seven million square kilometres, of which five and a half million are covered by the rainforest. "
@@ -83,10 +99,53 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "policies"
 def test_every_policy_runs_losslessly_in_the_engine_loop(engine, tokenizer, plain, name):
     """Each registered policy, built from its example config, drives the real loop;
     whatever arms it picks, the output is plain greedy's."""
-    loop = make_loop(engine, tokenizer, "off", max_batch=4)
+    drafters = {n: make_drafter(n) for n in ("ngram", "suffix")}
+    drafters.update({n: model_drafter(n, engine) for n in ("code", "chat")})  # the server's default set
+    loop = make_loop(engine, tokenizer, "off", max_batch=4, drafters=drafters)
     loop.policy = policy_from_config(str(CONFIGS / f"{name}.yaml"))
     spec = [s.chunks[-1] for s in run_all(loop, [greedy(p, 40) for p in PROMPTS[:4]])]
     for prompt, a, b in zip(PROMPTS, plain, spec):
         assert b.text == a.text, f"{name}: output differs for {prompt[:40]!r}"
     if name != "off":
         assert loop.stats.drafted > 0, f"{name} never speculated on copy-heavy prompts"
+
+
+@pytest.mark.parametrize("name", ["code", "chat"])
+def test_model_drafter_equals_plain_greedy_in_a_continuous_batch(engine, tokenizer, plain, name):
+    drafters = {name: model_drafter(name, engine)}
+    loop = make_loop(engine, tokenizer, "static", max_batch=4, drafters=drafters, drafter=name, gamma=3)
+    spec = [s.chunks[-1] for s in run_all(loop, [greedy(p, 40) for p in PROMPTS])]
+    for prompt, a, b in zip(PROMPTS, plain, spec):
+        assert b.text == a.text, f"{name} drafter: output differs for {prompt[:40]!r}"
+    assert loop.stats.accepted > 20, "the drafter never had a draft accepted: the test proves little"
+
+
+class ParkThenReload(Policy):
+    """Drafts with one model drafter whenever it is resident; parks it at step 4, asks it back at 8."""
+    name = "park_then_reload"
+
+    def __init__(self, drafter):
+        super().__init__()
+        self.drafter, self.steps = drafter, 0
+
+    def decide(self, ctx):
+        self.steps += 1
+        actions = {4: (MemoryAction("offload", self.drafter),), 8: (MemoryAction("reload", self.drafter),)}
+        arms = ({v.seq_id: Arm(self.drafter, 3) for v in ctx.sequences}
+                if self.drafter in resident_names(ctx) else {})
+        return Decision(arms=arms, memory_actions=actions.get(self.steps, ()))
+
+
+def test_lossless_across_a_drafter_park_and_reload_mid_generation(engine, tokenizer, plain):
+    drafter = model_drafter("chat", engine)
+    loop = make_loop(engine, tokenizer, "off", max_batch=4, drafters={"chat": drafter})
+    loop.policy = ParkThenReload("chat")
+    blocks_resident = loop.pool.num_blocks
+    spec = [s.chunks[-1] for s in run_all(loop, [greedy(p, 40) for p in PROMPTS[:8]])]
+    for prompt, a, b in zip(PROMPTS, plain, spec):
+        assert b.text == a.text, f"output differs across park/reload for {prompt[:40]!r}"
+    assert loop.stats.drafter_parks == 1 and loop.stats.drafter_reloads == 1
+    steps_with_draft = [o.step for o in loop.trace if o.drafted]
+    assert min(steps_with_draft) < 3 and max(steps_with_draft) > 8  # drafted before the park and after the reload
+    assert not any(3 <= o.step < 7 and o.drafted for o in loop.trace)  # never while parked
+    assert loop.pool.num_blocks == blocks_resident  # the reload took its memory back

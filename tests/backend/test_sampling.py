@@ -79,3 +79,15 @@ def test_accept_sampling_counts():
     assert (v.tokens, v.accepted) == ([2, 2, 2], 2)
     v = accept_sampling(p, [3, 2], None, g)
     assert (v.tokens, v.accepted) == ([2], 0)
+
+
+def test_divergences_of_a_draft_distribution():
+    from backend.sampling import divergences
+    p = torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]])
+    q = torch.tensor([[0.5, 0.5, 0.0], [0.5, 0.25, 0.25]])
+    kl, tv = divergences(p, q)
+    assert kl[0] == pytest.approx(0.0, abs=1e-6) and tv[0] == pytest.approx(0.0)
+    assert kl[1] == pytest.approx(math.log(2.0), rel=1e-5)  # 1 * log(1 / 0.5)
+    assert tv[1] == pytest.approx(0.5)
+    kl_out, _ = divergences(torch.tensor([[0.5, 0.5]]), torch.tensor([[1.0, 0.0]]))  # q = 0 where p > 0
+    assert math.isfinite(kl_out[0]) and kl_out[0] > 5

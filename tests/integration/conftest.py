@@ -1,12 +1,7 @@
-"""Start the real Triton server (the project's model repository) once for the module."""
-import json
-import re
-import time
-import urllib.request
-
+"""Start the real Triton server (the project's model repository) once for the session."""
 import pytest
 
-from backend.launcher import start_server
+from server_helpers import running_server
 
 SERVER_ENV = {  # small limits so the bad-input cases are cheap to reach
     "SPECSERVE_MAX_BATCH": "8",
@@ -15,55 +10,7 @@ SERVER_ENV = {  # small limits so the bad-input cases are cheap to reach
 }
 
 
-class Server:
-    def __init__(self, proc, ports, log_path):
-        self.proc, self.ports, self.log_path = proc, ports, log_path
-        self.http = f"127.0.0.1:{ports.http}"
-        self.grpc = f"127.0.0.1:{ports.grpc}"
-
-    def generate(self, payload: dict, stream: bool = False, timeout: float = 120):
-        """POST /generate (or /generate_stream); returns (status, parsed body or list of events)."""
-        url = f"http://{self.http}/v2/models/llm/generate" + ("_stream" if stream else "")
-        req = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST")
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                body = r.read().decode()
-                status = r.status
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read().decode())
-        if stream:
-            return status, [json.loads(line[5:]) for line in body.splitlines() if line.startswith("data:")]
-        return status, json.loads(body)
-
-    def metrics(self) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports.metrics}/metrics", timeout=10) as r:
-            text = r.read().decode()
-        out = {}
-        for line in text.splitlines():
-            m = re.match(r"^(specserve_\w+(?:\{[^}]*\})?) ([0-9.e+-]+)$", line)
-            if m:
-                out[m.group(1)] = float(m.group(2))
-        return out
-
-    def wait_metric(self, name: str, predicate, timeout: float = 30.0) -> float:
-        deadline = time.time() + timeout
-        while True:
-            value = self.metrics().get(name)
-            if value is not None and predicate(value):
-                return value
-            if time.time() > deadline:
-                raise AssertionError(f"metric {name} = {value} never satisfied the condition")
-            time.sleep(0.2)
-
-
 @pytest.fixture(scope="session")
 def server(tmp_path_factory, checkpoint):
-    log_path = tmp_path_factory.mktemp("triton") / "server.log"
-    with open(log_path, "w") as log:
-        proc, ports = start_server(env=SERVER_ENV, log_file=log)
-    yield Server(proc, ports, log_path)
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except Exception:
-        proc.kill()
+    with running_server(SERVER_ENV, tmp_path_factory.mktemp("triton")) as srv:
+        yield srv

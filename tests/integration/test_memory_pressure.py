@@ -1,0 +1,39 @@
+"""The real server under a KV budget too small for the offered load: every request completes."""
+import threading
+
+import pytest
+
+from server_helpers import running_server
+
+# SmolLM2-135M bf16 caches 23,040 bytes per token: 8 MiB holds ~360 tokens (22 blocks of 16),
+# far less than the 8 concurrent requests below need (~8 x 110 tokens).
+TIGHT_ENV = {"SPECSERVE_MAX_BATCH": "8", "SPECSERVE_MAX_CONTEXT": "512", "SPECSERVE_KV_BUDGET_MB": "8",
+             "SPECSERVE_DRAFTERS": "ngram,suffix"}
+
+
+@pytest.fixture(scope="module")
+def tight_server(tmp_path_factory, checkpoint):
+    with running_server(TIGHT_ENV, tmp_path_factory.mktemp("triton-tight")) as srv:
+        yield srv
+
+
+def test_every_request_completes_under_a_tight_kv_budget(tight_server):
+    results = [None] * 8
+
+    def run(i):
+        results[i] = tight_server.generate({"text_input": f"Write a list of {i + 5} animals and where they live.",
+                                            "max_tokens": 80, "exclude_input_in_output": True}, timeout=600)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    for status, body in results:
+        assert status == 200, body
+        assert body["finish_reason"] in ("stop", "length") and body["text_output"]
+    m = tight_server.metrics()
+    assert m['specserve_kv_blocks{state="total"}'] <= 23
+    # Either admission waited for room or growth preempted someone: the budget was binding.
+    assert m["specserve_preemptions_total"] > 0 or m["specserve_step_sequences_total"] / m["specserve_steps_total"] < 8
+    tight_server.wait_metric('specserve_kv_blocks{state="free"}', lambda v: v == m['specserve_kv_blocks{state="total"}'])
