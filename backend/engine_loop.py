@@ -43,7 +43,8 @@ from .drafters import Draft, Drafter, DraftRequest
 from .kv_blocks import OutOfBlocks
 from .memory import KVMemory
 from .request import GenerationRequest, Limits, RequestError, validate
-from .sampling import Verdict, accept_greedy, accept_sampling, divergences, target_probs
+from .sampling import (Verdict, accept_greedy, accept_sampling, accept_sampling_positional, divergences,
+                       position_generator, target_probs)
 from .sequence import Sequence
 
 log = logging.getLogger("specserve.loop")
@@ -132,13 +133,13 @@ class EngineLoop:
                                f"(prompt + output must fit)")
         if req.end_id is not None and not 0 <= req.end_id < self.engine.shape.vocab:
             raise RequestError(f"end_id {req.end_id} is outside the vocabulary [0, {self.engine.shape.vocab})")
-        gen = None
+        gen, seed = None, req.seed if req.seed is not None else random.getrandbits(63)
         if not req.sampling.greedy:
-            gen = torch.Generator().manual_seed(req.seed if req.seed is not None else random.getrandbits(63))
+            gen = torch.Generator().manual_seed(seed)
         seq = Sequence(seq_id=next(self._ids), request=req, sink=sink, prompt_ids=ids, tokens=list(ids),
                        detok=IncrementalDetokenizer(self.tok, ids),
                        eos_ids=frozenset({req.end_id}) if req.end_id is not None else self.default_eos,
-                       generator=gen, arrival_s=self.clock())
+                       generator=gen, seed=seed, arrival_s=self.clock())
         self.inbox.put(seq)
         return seq.seq_id
 
@@ -261,7 +262,7 @@ class EngineLoop:
         if seq.request.sampling.greedy:
             return int(logits[0].argmax())
         p = target_probs(logits, seq.request.sampling)
-        return int(torch.multinomial(p[0], 1, generator=seq.generator))
+        return int(torch.multinomial(p[0], 1, generator=position_generator(seq.seed, len(seq.tokens))))
 
     def _context(self, step: int) -> StepContext:
         views = [SequenceView(seq_id=s.seq_id, context_len=s.kv_len, generated=s.generated,
@@ -315,7 +316,10 @@ class EngineLoop:
                 verdict = accept_greedy(argmax[row: row + n], draft.tokens)
             else:
                 p = target_probs(logits[row: row + n], seq.request.sampling)
-                verdict = accept_sampling(p, draft.tokens, draft.q, seq.generator)
+                if draft.q is None:  # one-hot drafts: reproducible from the seed whatever was drafted
+                    verdict = accept_sampling_positional(p, draft.tokens, seq.seed, len(seq.tokens))
+                else:
+                    verdict = accept_sampling(p, draft.tokens, draft.q, seq.generator)
             kl, tv = [], []
             if draft.q is not None and len(draft):  # a model drafter: how far q is from p
                 p_rows = p[: len(draft)] if p is not None else torch.softmax(logits[row: row + len(draft)], -1)

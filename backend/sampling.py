@@ -76,6 +76,33 @@ def accept_greedy(target_argmax: Sequence[int], draft: Sequence[int]) -> Verdict
     return Verdict(tokens=list(draft[:n]) + [int(target_argmax[n])], accepted=n, p_draft=[])
 
 
+def position_generator(seed: int, position: int) -> torch.Generator:
+    """The random stream of one output position of one request."""
+    return torch.Generator().manual_seed((seed * 1_000_003 + position) % (1 << 63))
+
+
+def accept_sampling_positional(p: torch.Tensor, draft: Sequence[int], seed: int, start: int) -> Verdict:
+    """Speculative sampling for one-hot (model-free) drafts that a seed reproduces.
+
+    At each position the target's token is sampled from p with that position's own
+    generator, and the draft is accepted while it matches. P(accept d) = p(d) and every
+    emitted token is distributed exactly as p — the same law as rejection sampling with
+    a one-hot q — but the output depends only on (seed, position), not on what was
+    drafted, so a seed gives the same text whatever the policy decides.
+    p: [γ+1, V]; `start` is the absolute position of the first token this step emits.
+    """
+    out, p_draft = [], []
+    for j in range(len(draft) + 1):
+        y = int(torch.multinomial(p[j], 1, generator=position_generator(seed, start + j)))
+        out.append(y)
+        if j == len(draft):
+            break
+        p_draft.append(float(p[j, draft[j]]))
+        if y != draft[j]:
+            return Verdict(tokens=out, accepted=j, p_draft=p_draft)
+    return Verdict(tokens=out, accepted=len(draft), p_draft=p_draft)
+
+
 def accept_sampling(p: torch.Tensor, draft: Sequence[int], q: Optional[torch.Tensor],
                     generator: torch.Generator) -> Verdict:
     """Standard speculative rejection sampling.

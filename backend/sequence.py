@@ -42,7 +42,8 @@ class Sequence:
     tokens: List[int]  # committed: prompt + generated
     detok: IncrementalDetokenizer
     eos_ids: frozenset
-    generator: Optional[torch.Generator] = None
+    generator: Optional[torch.Generator] = None  # model drafters' rejection sampling
+    seed: int = 0  # the request's random_seed (or a random one): per-position sampling streams
     slot: int = -1
     kv_len: int = 0  # tokens in the target KV cache; tokens[kv_len:] is the one pending token
     drafted: int = 0

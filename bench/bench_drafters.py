@@ -45,7 +45,7 @@ PROSE_PROMPTS = {  # chat template applied, as an instruct model is served
     "chat-explain": "Explain what a blockchain is in simple terms.",
 }
 COPY_PROMPTS = {"copy-edit": COPY_HEAVY["edit"]}
-KINDS = {"code": (CODE_PROMPTS, False), "prose": (PROSE_PROMPTS, True), "copy": (COPY_PROMPTS, False)}
+KINDS = {"code": (CODE_PROMPTS, False), "prose": (PROSE_PROMPTS, True), "copy": (COPY_PROMPTS, True)}
 
 
 def log(msg):
@@ -70,8 +70,9 @@ def load_drafters(engine):
 def agreement_table(drafters) -> dict:
     """drafter -> domain -> held-out greedy agreement with the target."""
     import torch
-    from build_engines.distill_drafter import label_cache
-    from build_engines.drafter_data import Sample
+    from build_engines.distill_drafter import assistant_header, label_cache
+    from build_engines.drafter_data import Sample, answer_mask
+    header = assistant_header(CHECKPOINT)
     table = {}
     for name in MODEL_DRAFTERS:
         if name not in drafters:
@@ -85,7 +86,8 @@ def agreement_table(drafters) -> dict:
             agree = total = 0
             for d in torch.load(f):
                 s = Sample(**d)
-                rows = s.mask.nonzero().flatten().tolist()
+                mask = answer_mask(s, header) if domain == "chat" else s.mask  # answers: where drafting happens
+                rows = mask.nonzero().flatten().tolist()
                 logits = eng.forward([0], [0], [s.ids.tolist()], logit_rows=[rows])
                 agree += int((drafters[name].token_ids(logits.argmax(-1)) == s.top_ids[rows, 0]).sum())
                 total += len(rows)
@@ -118,6 +120,9 @@ def step_cost(engine, drafters, context: int = 200, repeats: int = 40) -> dict:
 def run_prompt(engine, tok, drafters, prompt, chat, policy, max_tokens, **params):
     from backend.offline import make_loop, run_all
     from backend.request import GenerationRequest
+    from backend.drafters import make_drafter
+    # Fresh model-free drafters per run: the suffix store would remember earlier runs of this prompt.
+    drafters = {n: d if d.is_model else make_drafter(n) for n, d in drafters.items()}
     loop = make_loop(engine, tok, policy, max_batch=1, drafters=drafters, **params)
     req = GenerationRequest(prompt=prompt, max_tokens=max_tokens, apply_chat_template=chat,
                             exclude_input_in_output=True)

@@ -30,11 +30,11 @@ from typing import List
 
 import torch
 
-from .drafter_data import DOMAINS, Sample, build_labels
+from .drafter_data import DOMAINS, Sample, answer_mask, build_labels
 from .student import StudentLlama, draft_vocabulary, soft_label_loss
 
 ARTIFACT_VERSION = 2  # of the drafter directory layout (2: draft-vocabulary head)
-LABEL_VERSION = 1  # of the cached labels (.cache/distill)
+LABEL_VERSION = 2  # of the cached labels (.cache/distill); 2: chat answers only
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -95,6 +95,17 @@ def label_cache(cache: Path, domain: str, split: str, preset: str, seed: int) ->
     n = p.heldout_samples if split == "heldout" else p.train_samples if domain == "code" else p.chat_prompts
     gen = f"-g{p.max_new}" if domain == "chat" else ""
     return cache / f"{domain}-{split}-{preset}-n{n}-w{p.window}{gen}-s{seed}-v{LABEL_VERSION}.pt"
+
+
+def assistant_header(target_ckpt: Path) -> list:
+    """Token ids the chat template puts before an answer ("<|im_start|>assistant\n" here)."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(target_ckpt))
+    ids = tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=True, add_generation_prompt=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    bare = tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=True, add_generation_prompt=False)
+    bare = list(bare["input_ids"] if hasattr(bare, "keys") else bare)
+    return ids[len(bare):]
 
 
 def labels(domain: str, split: str, p: Preset, seed: int, target_ckpt: Path, cache: Path, preset: str,
@@ -197,6 +208,9 @@ def build(domain: str, preset: str, seed: int, target_ckpt: Path, out_root: Path
     cache = ROOT / ".cache" / "distill"
     train_set = labels(domain, "train", p, seed, target_ckpt, cache, preset)
     held = labels(domain, "heldout", p, seed, target_ckpt, cache, preset)
+    if domain == "chat":  # agreement where drafting happens: the answers
+        header = assistant_header(target_ckpt)
+        held = [Sample(s.ids, answer_mask(s, header), s.top_ids, s.top_p) for s in held]
     t_label = time.monotonic() - t0
 
     from safetensors.torch import load_file

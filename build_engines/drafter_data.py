@@ -121,8 +121,8 @@ def label_windows(teacher, windows: List[List[int]], k: int, batch: int,
 
 def label_answers(teacher, prompts: List[List[int]], k: int, batch: int, max_new: int, eos: int,
                   progress: Callable[[int, int], None] = lambda i, n: None) -> List[Sample]:
-    """The teacher answers each prompt greedily; labels are its distributions along the prompt
-    (teacher forcing, from the prefill) and along its own answer (from decoding)."""
+    """The teacher answers each prompt greedily; labels are its distributions along its own answer
+    (the prompt's distributions come with the prefill; they are kept but masked out)."""
     out: List[Sample] = []
     for i in range(0, len(prompts), batch):
         chunk = prompts[i: i + batch]
@@ -161,7 +161,8 @@ def label_answers(teacher, prompts: List[List[int]], k: int, batch: int, max_new
             L = len(ids)
             n = min(L, len(tp_list))  # position t is labelled by the distribution after ids[:t+1]
             mask = torch.zeros(L, dtype=torch.bool)
-            mask[:n] = True
+            mask[len(p) - 1: n] = True  # the answer only: the template's fixed system prompt would
+            # be learnt by heart and inflate agreement, and drafting happens in answers
             top_ids = torch.stack([t[0] for t in tp_list[:n]] + [torch.zeros(k, dtype=torch.long)] * (L - n))
             top_p = torch.stack([t[1] for t in tp_list[:n]] + [torch.zeros(k)] * (L - n))
             out.append(Sample(ids, mask, top_ids, top_p))
@@ -210,3 +211,15 @@ def build_labels(domain: str, teacher, tokenizer, *, split: str, n: int, seed: i
         eos = teacher.shape.eos_token_id
         return label_answers(teacher, ids, k, batch, max_new, eos, progress)
     raise ValueError(f"unknown domain {domain!r}; known: {', '.join(DOMAINS)}")
+
+
+def answer_mask(sample: Sample, header: list) -> torch.Tensor:
+    """The sample's mask restricted to positions after the last `header` (the assistant turn):
+    evaluates chat agreement where a drafter drafts, also on labels cached before answers were
+    masked alone."""
+    ids = sample.ids.tolist()
+    k = len(header)
+    start = max((i + k for i in range(len(ids) - k + 1) if ids[i: i + k] == header), default=0)
+    m = sample.mask.clone()
+    m[: max(0, start - 1)] = False
+    return m

@@ -3,8 +3,8 @@
 #   1. the project venv (.venv) with pinned requirements (torch 2.13.0 CPU),
 #   2. the real Triton Inference Server + Python backend from the nvidia-pytriton wheel,
 #   3. the default model, converted once into a cached safetensors checkpoint,
-#   4. the distilled model drafters (build_engines/distill_drafter.py; SPECSERVE_DRAFTER_PRESET=
-#      full (default, ~20 min per drafter the first time) or quick (a minute; what the tests need)),
+#   4. the distilled model drafters (build_engines/distill_drafter.py): SPECSERVE_DRAFTER_PRESET=quick
+#      (default: a minute, what the tests need) or full (~15-22 min per drafter the first time),
 #   5. the step-time / switch-cost profile of this machine (build_engines/profile_costs.py),
 #   6. (unless SPECSERVE_SKIP_LOADTOOLS=1) perf_analyzer and genai-perf.
 set -euo pipefail
@@ -48,7 +48,7 @@ fi
   --download-cache "$CACHE/downloads"
 
 # 4. model drafters, distilled from the target on this CPU (skipped when already built)
-.venv/bin/python -m build_engines.distill_drafter --preset "${SPECSERVE_DRAFTER_PRESET:-full}" \
+.venv/bin/python -m build_engines.distill_drafter --preset "${SPECSERVE_DRAFTER_PRESET:-quick}" \
   --target "$CACHE/models/smollm2-135m-instruct" --out "$CACHE/drafters"
 
 # 5. step-time / switch-cost profile the adaptive policies read (measured on this machine)

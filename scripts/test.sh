@@ -3,6 +3,6 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # The tests check drafters' correctness, not their quality: the quick drafter builds suffice
-# (full builds, if present from scripts/serve.sh, are used instead).
-SPECSERVE_DRAFTER_PRESET="${SPECSERVE_DRAFTER_PRESET:-quick}" bash "$ROOT/scripts/setup.sh"
+# (full builds, if present, are used instead).
+bash "$ROOT/scripts/setup.sh"
 cd "$ROOT" && exec .venv/bin/python -m pytest "$@"

@@ -72,3 +72,20 @@ def test_drafter_failure_falls_back_to_plain_decoding(engine, tokenizer):
     spec = run_all(loop, [greedy("a b c a b c a b", 10)])[0]
     assert spec.text == plain.text
     assert loop.stats.drafter_errors > 0
+
+
+def test_a_seed_reproduces_sampled_text_whatever_the_policy_drafts(checkpoint, tokenizer):
+    """Per-position sampling (fp32): plain decoding and n-gram speculation give the same text for a seed."""
+    from backend.request import SamplingParams
+    fp32 = TorchLlama(checkpoint, dtype="fp32", max_slots=1, max_context=256)
+
+    def run(policy, **kw):
+        r = GenerationRequest(prompt="a b c a b c a b c a b", max_tokens=40, sampling=SamplingParams(temperature=0.8),
+                              seed=11, exclude_input_in_output=True)
+        loop = make_loop(fp32, tokenizer, policy, **kw)
+        return run_all(loop, [r])[0].text, loop
+
+    plain, _ = run("off")
+    spec, loop = run("static", drafter="ngram", gamma=4)
+    assert spec == plain and plain
+    assert loop.stats.accepted > 0

@@ -64,6 +64,24 @@ def test_rejection_sampling_preserves_target_distribution(with_q):
     assert ok, f"second emitted token deviates from p (chi2={chi2:.1f}): {counts_second}"
 
 
+def test_positional_sampling_preserves_p_and_ignores_the_draft():
+    """One-hot drafts verified by per-position sampling: emitted tokens ~ p, and the tokens
+    do not depend on what was drafted (a seed reproduces its output under any policy)."""
+    from backend.sampling import accept_sampling_positional
+    p = torch.tensor([[0.30, 0.25, 0.20, 0.15, 0.07, 0.03]] * 3)
+    n = 20_000
+    counts = [0] * 6
+    for seed in range(n):
+        v = accept_sampling_positional(p, [4, 4], seed, 100)
+        counts[v.tokens[0]] += 1
+        plain = accept_sampling_positional(p, [], seed, 100)
+        assert v.tokens[0] == plain.tokens[0]  # same (seed, position), same token, drafts or not
+    ok, chi2 = _chi2_ok(counts, p[0].tolist(), n)
+    assert ok, f"emitted token deviates from p (chi2={chi2:.1f}): {counts}"
+    v = accept_sampling_positional(p, [0, 0], 3, 7)
+    assert v.tokens[: v.accepted] == [0] * v.accepted and len(v.tokens) == v.accepted + 1
+
+
 def test_rejection_sampling_detects_a_biased_sampler():
     """The chi-square check itself can fail: a sampler that always accepts is caught."""
     p = [0.30, 0.25, 0.20, 0.15, 0.07, 0.03]

@@ -6,7 +6,7 @@ import pytest
 from server_helpers import running_server
 
 # SmolLM2-135M bf16 caches 23,040 bytes per token: 8 MiB holds ~360 tokens (22 blocks of 16),
-# far less than the 8 concurrent requests below need (~8 x 110 tokens).
+# far less than the 8 concurrent chat requests below need (~8 x 130 tokens).
 TIGHT_ENV = {"SPECSERVE_MAX_BATCH": "8", "SPECSERVE_MAX_CONTEXT": "512", "SPECSERVE_KV_BUDGET_MB": "8",
              "SPECSERVE_DRAFTERS": "ngram,suffix"}
 
@@ -22,7 +22,8 @@ def test_every_request_completes_under_a_tight_kv_budget(tight_server):
 
     def run(i):
         results[i] = tight_server.generate({"text_input": f"Write a list of {i + 5} animals and where they live.",
-                                            "max_tokens": 80, "exclude_input_in_output": True}, timeout=600)
+                                            "max_tokens": 80, "apply_chat_template": True,
+                                            "exclude_input_in_output": True}, timeout=600)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
     for t in threads:

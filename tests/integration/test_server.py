@@ -110,11 +110,16 @@ def test_grpc_streaming(server):
 
 
 def test_grpc_sampling_is_seeded(server):
-    a, _ = grpc_generate(server, "Tell me a story about a dragon.", max_tokens=16, temperature=0.9, top_p=0.9,
-                         top_k=50, random_seed=7, stream=True)
-    b, _ = grpc_generate(server, "Tell me a story about a dragon.", max_tokens=16, temperature=0.9, top_p=0.9,
-                         top_k=50, random_seed=7, stream=True)
+    """The same seed gives the same text, even though the adaptive policy may speculate
+    differently the second time (per-position sampling; see backend/sampling.py). In bf16 a
+    different verify length can move p across a sampling boundary, so this stays short; the
+    exact property is tested in fp32 (tests/backend/test_engine_loop.py)."""
+    kw = dict(max_tokens=12, temperature=0.9, top_p=0.9, top_k=50, stream=True, apply_chat_template=True)
+    a, _ = grpc_generate(server, "Tell me a story about a dragon.", random_seed=7, **kw)
+    b, _ = grpc_generate(server, "Tell me a story about a dragon.", random_seed=7, **kw)
+    c, _ = grpc_generate(server, "Tell me a story about a dragon.", random_seed=8, **kw)
     assert a[0] == b[0] and a[0]
+    assert c[0] != a[0]  # and the seed matters
 
 
 def test_stop_words_and_end_id(server):
