@@ -38,10 +38,10 @@ import torch
 from policy import (Decision, DrafterInfo, Policy, SequenceOutcome, SequenceView, StepContext, StepOutcome)
 
 from .detokenizer import IncrementalDetokenizer
-from .ragged import prefill_groups
 from .drafters import Draft, Drafter, DraftRequest
 from .kv_blocks import OutOfBlocks
 from .memory import KVMemory
+from .ragged import prefill_groups
 from .request import GenerationRequest, Limits, RequestError, validate
 from .sampling import (Verdict, accept_greedy, accept_sampling, accept_sampling_positional, divergences,
                        position_generator, target_probs)
@@ -210,7 +210,7 @@ class EngineLoop:
                 if seq.preemptions:  # it had started: the policy saw it
                     self._release(seq)
             else:
-                self._remove_running(seq)
+                self._release(seq)
             self._send(seq, final=True)
 
     def _admit(self) -> None:
@@ -451,7 +451,7 @@ class EngineLoop:
         """Send what each sequence produced; retire finished ones."""
         for seq in seqs:
             if seq.finished:
-                self._remove_running(seq)
+                self._release(seq)
                 self.stats.finished += 1
                 self._send(seq, final=True)
             elif seq.request.stream:
@@ -474,11 +474,7 @@ class EngineLoop:
             log.warning("sending to sequence %d failed; cancelling it", seq.seq_id, exc_info=True)
             if not seq.finished:
                 seq.finish_reason = "cancelled"
-                self._remove_running(seq)
-
-    def _remove_running(self, seq: Sequence) -> None:
-        self._vacate(seq)
-        self.policy.on_request_end(seq.seq_id)
+                self._release(seq)
 
     def _vacate(self, seq: Sequence) -> None:
         """Give back its batch slot, KV blocks and drafter state."""
@@ -495,5 +491,6 @@ class EngineLoop:
             d.release(seq.seq_id)
 
     def _release(self, seq: Sequence) -> None:
+        """The sequence is done (finished, cancelled or failed): vacate it and tell the policy."""
         self._vacate(seq)
         self.policy.on_request_end(seq.seq_id)

@@ -15,12 +15,9 @@ remaps only; a paged GPU engine would copy the moved blocks (the moves are retur
 """
 from __future__ import annotations
 
-import logging
 from typing import Dict, List, Tuple
 
 from .kv_blocks import BlockPool, OutOfBlocks
-
-log = logging.getLogger("specserve.memory")
 
 BLOCK_TOKENS = 16
 

@@ -30,7 +30,7 @@ from typing import List
 
 import torch
 
-from .drafter_data import DOMAINS, Sample, answer_mask, build_labels
+from .drafter_data import DOMAINS, Sample, answer_mask, build_labels, chat_ids
 from .student import StudentLlama, draft_vocabulary, soft_label_loss
 
 ARTIFACT_VERSION = 2  # of the drafter directory layout (2: draft-vocabulary head)
@@ -90,9 +90,13 @@ def load_target(ckpt: Path, max_slots: int, max_context: int):
     return TorchLlama(ckpt, dtype="bf16", max_slots=max_slots, max_context=max_context)
 
 
+def sample_count(p: Preset, domain: str, split: str) -> int:
+    return p.heldout_samples if split == "heldout" else p.train_samples if domain == "code" else p.chat_prompts
+
+
 def label_cache(cache: Path, domain: str, split: str, preset: str, seed: int) -> Path:
     p = PRESETS[preset]
-    n = p.heldout_samples if split == "heldout" else p.train_samples if domain == "code" else p.chat_prompts
+    n = sample_count(p, domain, split)
     gen = f"-g{p.max_new}" if domain == "chat" else ""
     return cache / f"{domain}-{split}-{preset}-n{n}-w{p.window}{gen}-s{seed}-v{LABEL_VERSION}.pt"
 
@@ -101,22 +105,17 @@ def assistant_header(target_ckpt: Path) -> list:
     """Token ids the chat template puts before an answer ("<|im_start|>assistant\n" here)."""
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(str(target_ckpt))
-    ids = tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=True, add_generation_prompt=True)
-    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    bare = tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=True, add_generation_prompt=False)
-    bare = list(bare["input_ids"] if hasattr(bare, "keys") else bare)
-    return ids[len(bare):]
+    return chat_ids(tok, "x")[len(chat_ids(tok, "x", add_generation_prompt=False)):]
 
 
-def labels(domain: str, split: str, p: Preset, seed: int, target_ckpt: Path, cache: Path, preset: str,
-           tokenizer=None) -> List[Sample]:
+def labels(domain: str, split: str, p: Preset, seed: int, target_ckpt: Path, cache: Path, preset: str) -> List[Sample]:
     """Labelled samples of a split, from the cache or made now with the target."""
-    n = p.heldout_samples if split == "heldout" else p.train_samples if domain == "code" else p.chat_prompts
+    n = sample_count(p, domain, split)
     f = label_cache(cache, domain, split, preset, seed)
     if f.exists():
         return [Sample(**d) for d in torch.load(f)]
     from transformers import AutoTokenizer
-    tok = tokenizer or AutoTokenizer.from_pretrained(str(target_ckpt))
+    tok = AutoTokenizer.from_pretrained(str(target_ckpt))
     batch = 32 if domain == "chat" else 8  # chat decodes: a wide batch amortises the weights
     ctx = p.window + p.max_new + 8
     teacher = load_target(target_ckpt, max_slots=batch, max_context=ctx)

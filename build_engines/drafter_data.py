@@ -180,14 +180,19 @@ def code_windows(tokenizer, docs: List[tuple], length: int, max_windows: int, se
     return windows[:max_windows]
 
 
+def chat_ids(tokenizer, text: str, add_generation_prompt: bool = True) -> List[int]:
+    """Token ids of `text` as one user turn in the chat template (transformers may return a dict)."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
+                                        add_generation_prompt=add_generation_prompt)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
 def chat_prompt_ids(tokenizer, prompts: List[tuple], max_prompts: int, max_len: int, seed: int) -> List[List[int]]:
     picked = list(prompts)
     random.Random(seed).shuffle(picked)
     out = []
     for _, text in picked:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
-                                            add_generation_prompt=True)
-        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        ids = chat_ids(tokenizer, text)
         if len(ids) <= max_len:
             out.append(ids)
         if len(out) >= max_prompts:

@@ -22,6 +22,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Optional
 
 CTX_BUCKETS = (128, 512, 1536)
 TOKEN_BATCH = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -38,16 +39,21 @@ def shape_for(n: int) -> tuple:
     return b, n // b
 
 
+def median_time(fn, repeats: int) -> float:
+    """Median wall time of fn() over `repeats` calls after one warm-up (oneDNN picks kernels then)."""
+    samples = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples[1:])
+
+
 def time_forward(engine, ctx: int, n: int, repeats: int) -> float:
     b, t = shape_for(n)
     slots = list(range(b))
     engine.forward(slots, [0] * b, [[11] * ctx] * b, logit_rows=[[ctx - 1]] * b)  # fill the cache
-    samples = []
-    for _ in range(repeats + 1):
-        t0 = time.perf_counter()
-        engine.forward(slots, [ctx] * b, [[7] * t] * b)
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples[1:])  # the first call warms oneDNN's kernels
+    return median_time(lambda: engine.forward(slots, [ctx] * b, [[7] * t] * b), repeats)
 
 
 def time_ngram_draft(repeats: int = 200) -> float:
@@ -65,53 +71,46 @@ def time_decode(engine, ctx: int, b: int, repeats: int) -> float:
     first: attending over zeros costs what attending over real keys does, and filling 128
     sequences of 1.5k tokens would take minutes."""
     slots = list(range(b))
-    samples = []
-    for _ in range(repeats + 1):
-        t0 = time.perf_counter()
-        engine.forward(slots, [ctx] * b, [[7]] * b)
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples[1:])
+    return median_time(lambda: engine.forward(slots, [ctx] * b, [[7]] * b), repeats)
 
 
 def time_catch_up(engine, l_max: int, b: int, repeats: int) -> float:
-    samples = []
-    for _ in range(repeats + 1):
-        t0 = time.perf_counter()
-        engine.forward(list(range(b)), [0] * b, [[11] * l_max] * b, logit_rows=[[l_max - 1]] * b)
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples[1:])
+    return median_time(lambda: engine.forward(list(range(b)), [0] * b, [[11] * l_max] * b,
+                                              logit_rows=[[l_max - 1]] * b), repeats)
 
 
-def drafter_profile(drafter_dir: Path, dtype: str, repeats: int):
-    """(name, draft_s table, switch-cost table) of the first built model drafter, or None."""
+def profiled_drafter(drafter_dir: Path) -> Optional[Path]:
+    """The model drafter the profile measures: the first built of chat, code."""
     from backend.drafters.model import find_artifact
-    from backend.engines.torch_llama import TorchLlama
-    for name in ("chat", "code"):
-        path = find_artifact(drafter_dir, name)
-        if path is None:
-            continue
-        max_b = TOKEN_BATCH[-1]
-        eng = TorchLlama(path, dtype=dtype, max_slots=max_b, max_context=max(CTX_BUCKETS[-1], 1024) + 16)
-        draft = []
-        for ctx in CTX_BUCKETS:
-            draft.append([time_decode(eng, ctx, n, repeats) for n in TOKEN_BATCH])
-            log(f"{name} drafter, context {ctx}: " + ", ".join(f"B={n} {1000 * t:.1f} ms"
-                                                              for n, t in zip(TOKEN_BATCH, draft[-1])))
-        l_max, batch = [16, 64, 256, 1024], [1, 8, 32]
-        switch = [[time_catch_up(eng, lm, b, max(1, repeats // 2)) if lm * b <= 8192 else 0.0 for b in batch]
-                  for lm in l_max]
-        for i, lm in enumerate(l_max):  # too big to time here: extrapolate linearly in tokens
-            for j, b in enumerate(batch):
-                if switch[i][j] == 0.0:
-                    switch[i][j] = switch[i - 1][j] * lm / l_max[i - 1]
-        log(f"{name} drafter catch-up (l_max x batch, s): {switch}")
-        return f"{path.name}@{_built_at(path)}", draft, {"l_max": l_max, "batch": batch, "seconds": switch}
-    return None
+    return next((p for p in (find_artifact(drafter_dir, n) for n in ("chat", "code")) if p is not None), None)
 
 
-def _built_at(path: Path) -> str:
+def drafter_label(path: Optional[Path]) -> str:
+    """What the profile records as its drafter (a rebuilt drafter gets a new label)."""
+    if path is None:
+        return "ngram"
     mf = path / "manifest.json"
-    return json.loads(mf.read_text()).get("built_at", "?") if mf.exists() else "?"
+    return f"{path.name}@{json.loads(mf.read_text()).get('built_at', '?') if mf.exists() else '?'}"
+
+
+def drafter_profile(path: Path, dtype: str, repeats: int):
+    """(draft_s table, switch-cost table) of a built model drafter."""
+    from backend.engines.torch_llama import TorchLlama
+    eng = TorchLlama(path, dtype=dtype, max_slots=TOKEN_BATCH[-1], max_context=CTX_BUCKETS[-1] + 16)
+    draft = []
+    for ctx in CTX_BUCKETS:
+        draft.append([time_decode(eng, ctx, n, repeats) for n in TOKEN_BATCH])
+        log(f"{path.name}, context {ctx}: " + ", ".join(f"B={n} {1000 * t:.1f} ms"
+                                                         for n, t in zip(TOKEN_BATCH, draft[-1])))
+    l_max, batch = [16, 64, 256, 1024], [1, 8, 32]
+    switch = [[time_catch_up(eng, lm, b, max(1, repeats // 2)) if lm * b <= 8192 else 0.0 for b in batch]
+              for lm in l_max]
+    for i, lm in enumerate(l_max):  # too big to time here: extrapolate linearly in tokens
+        for j, b in enumerate(batch):
+            if switch[i][j] == 0.0:
+                switch[i][j] = switch[i - 1][j] * lm / l_max[i - 1]
+    log(f"{path.name} catch-up (l_max x batch, s): {switch}")
+    return draft, {"l_max": l_max, "batch": batch, "seconds": switch}
 
 
 def profile(checkpoint: Path, dtype: str, repeats: int, drafter_dir: Path) -> dict:
@@ -130,15 +129,15 @@ def profile(checkpoint: Path, dtype: str, repeats: int, drafter_dir: Path) -> di
         target.append(row)
     del engine
     zeros = [0.0] * len(TOKEN_BATCH)
-    measured = drafter_profile(drafter_dir, dtype, repeats)
-    if measured is None:
+    path = profiled_drafter(drafter_dir)
+    drafter = drafter_label(path)
+    if path is None:
         ngram = time_ngram_draft()
         log(f"no model drafter built; ngram draft: {1e6 * ngram:.0f} µs per sequence")
-        drafter = "ngram"
         draft_s = [[ngram * n for n in TOKEN_BATCH] for _ in CTX_BUCKETS]
         switch = {"l_max": [16, 64, 256, 1024], "batch": [1, 8, 32], "seconds": [[0.0] * 3] * 4}
     else:
-        drafter, draft_s, switch = measured
+        draft_s, switch = drafter_profile(path, dtype, repeats)
     return {
         "profile_version": PROFILE_VERSION,
         "checkpoint": str(checkpoint), "dtype": dtype, "threads": torch.get_num_threads(),
@@ -162,10 +161,8 @@ def main(argv=None) -> int:
     ap.add_argument("--force", action="store_true")
     args = ap.parse_args(argv)
     if args.out.exists() and not args.force:
-        from backend.drafters.model import find_artifact
         have = json.loads(args.out.read_text()).get("drafter")
-        built = next((f"{p.name}@{_built_at(p)}" for p in (find_artifact(args.drafter_dir, n) for n in ("chat", "code"))
-                      if p is not None), "ngram")
+        built = drafter_label(profiled_drafter(args.drafter_dir))
         if have == built:
             log(f"{args.out} is up to date ({built}); --force to measure again")
             return 0
