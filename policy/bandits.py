@@ -288,30 +288,51 @@ class UCBRows:
     Same rule as `UCB`: play unplayed arms first (lowest index), then argmax of
     `ucb1_index`; exact ties are broken uniformly at random (one vectorised draw
     per step from a generator seeded by the injected rng, instead of one
-    rng.choice per tied bandit)."""
+    rng.choice per tied bandit). A bandit's round count t is the sum of its row
+    of counts.
+
+    While the same batch selects and updates step after step (the usual case),
+    its rows live in a contiguous block (no gather per step; updates index the
+    block's flat view) and are written back when the batch changes: at 64
+    sequences the cost is the number of numpy calls, not the arithmetic."""
 
     def __init__(self, n_arms: int, rng: random.Random, beta: float = 1.0, capacity: int = 64):
         self.k, self.rng, self.beta = n_arms, rng, beta
         self.rows: dict = {}  # key -> row
         self.free = list(range(capacity - 1, -1, -1))
-        self.counts = np.zeros((capacity, n_arms))
-        self.sums = np.zeros((capacity, n_arms))
-        self.t = np.zeros(capacity)
+        self.counts, self.sums = np.zeros((capacity, n_arms)), np.zeros((capacity, n_arms))
         self._tie_rng = None
-        self._keys: list = []
+        self._keys: list = []  # the batch in the block, its rows, its counts and sums
         self._idx = np.zeros(0, dtype=np.int64)
+        self._n, self._s = np.zeros((0, n_arms)), np.zeros((0, n_arms))
+        self._cell0 = np.zeros(0, dtype=np.int64)  # flat offset of each block row
+        self._all_played = False
 
     def row(self, key) -> int:
         r = self.rows.get(key)
         if r is None:
             if not self.free:  # grow: double the rows
-                cap = len(self.t)
+                cap = len(self.counts)
                 self.counts = np.concatenate([self.counts, np.zeros_like(self.counts)])
                 self.sums = np.concatenate([self.sums, np.zeros_like(self.sums)])
-                self.t = np.concatenate([self.t, np.zeros_like(self.t)])
                 self.free = list(range(2 * cap - 1, cap - 1, -1))
             r = self.rows[key] = self.free.pop()
         return r
+
+    def _batch(self, keys: Sequence) -> None:
+        """Bring `keys`' rows into the block (a no-op for the same batch as last time)."""
+        if keys != self._keys:
+            self._write_back()
+            self._idx = np.array([self.row(key) for key in keys], dtype=np.int64)
+            self._keys = list(keys)
+            self._n, self._s = self.counts.take(self._idx, axis=0), self.sums.take(self._idx, axis=0)
+            self._cell0 = np.arange(0, len(keys) * self.k, self.k)
+            self._all_played = False
+
+    def _write_back(self) -> None:
+        if self._keys:
+            self.counts[self._idx], self.sums[self._idx] = self._n, self._s
+            self._keys = []
 
     def reset(self, key) -> None:
         """A fresh bandit for `key` (MetaSD re-initialises per request)."""
@@ -319,61 +340,61 @@ class UCBRows:
         self.row(key)
 
     def remove(self, key) -> None:
+        self._write_back()
         r = self.rows.pop(key, None)
         if r is not None:
-            self._keys = []
-            self.counts[r] = self.sums[r] = self.t[r] = 0.0
+            self.counts[r] = self.sums[r] = 0.0
             self.free.append(r)
 
     def mean(self, key, arm: int) -> float:
+        self._write_back()
         r = self.rows.get(key)
         if r is None or not self.counts[r, arm]:
             return 0.0
         return float(self.sums[r, arm] / self.counts[r, arm])
 
-    def _index(self, keys: Sequence) -> np.ndarray:
-        """Row index of `keys`; the same batch step after step reuses it."""
-        if keys != self._keys:
-            rows = [self.rows.get(key) for key in keys]
-            if None in rows:
-                rows = [self.row(key) for key in keys]
-            self._keys, self._idx = list(keys), np.array(rows, dtype=np.int64)
-        return self._idx
-
     def select(self, keys: Sequence) -> List[int]:
-        idx = self._index(keys)
-        n = self.counts.take(idx, axis=0)  # [m, K]
+        self._batch(keys)
+        n = self._n  # [m, K]
+        t = n.sum(axis=1)  # each bandit's rounds so far
         first_unplayed = None
-        if n.min() == 0:  # some bandit is still in its round robin
-            unplayed = n == 0
-            first_unplayed = unplayed.any(axis=1)
-            n = np.where(unplayed, 1.0, n)
-        log_t = np.log(self.t.take(idx) if first_unplayed is None else np.maximum(self.t.take(idx), 1.0))
-        index = self.sums.take(idx, axis=0) / n + self.beta * np.sqrt(2.0 * log_t[:, None] / n)  # ucb1_index
+        if not self._all_played:  # counts only grow: once every arm of the block is played, no more checks
+            if n.min() > 0:
+                self._all_played = True
+            else:  # some bandit is still in its round robin
+                unplayed = n == 0
+                first_unplayed = unplayed.any(axis=1)
+                n = np.where(unplayed, 1.0, n)
+                t = np.maximum(t, 1.0)
+        log_t = np.log(t)
+        index = self._s / n + self.beta * np.sqrt(2.0 * log_t[:, None] / n)  # ucb1_index
         choice = index.argmax(axis=1)
         if first_unplayed is not None:
             index[unplayed] = np.inf
             choice = np.where(first_unplayed, unplayed.argmax(axis=1), index.argmax(axis=1))
-        if self.k == 2:  # the usual two drafters: a tie is one comparison
+        if self.k == 2:  # the usual two drafters: a tie is one comparison and a coin
             ties = index[:, 0] == index[:, 1]
-            is_top = None
-        else:
-            is_top = index == index.max(axis=1)[:, None]
-            ties = is_top.sum(axis=1) > 1
+            if first_unplayed is not None:
+                ties &= ~first_unplayed
+            if ties.any():
+                choice = np.where(ties, self._uniform(len(n)) < 0.5, choice)
+            return choice.tolist()
+        is_top = index == index.max(axis=1)[:, None]
+        ties = is_top.sum(axis=1) > 1
         if first_unplayed is not None:
             ties &= ~first_unplayed
         if ties.any():  # uniform among the tied arms, all tied rows in one draw
-            if self._tie_rng is None:  # drawn from the injected rng the first time it is needed
-                self._tie_rng = np.random.default_rng(self.rng.getrandbits(64))
-            if is_top is None:
-                is_top = index == index.max(axis=1)[:, None]
-            noise = np.where(is_top, self._tie_rng.random(index.shape), -1.0)
+            noise = np.where(is_top, self._uniform(index.shape), -1.0)
             choice = np.where(ties, noise.argmax(axis=1), choice)
         return choice.tolist()
 
+    def _uniform(self, shape) -> np.ndarray:
+        if self._tie_rng is None:  # drawn from the injected rng the first time it is needed
+            self._tie_rng = np.random.default_rng(self.rng.getrandbits(64))
+        return self._tie_rng.random(shape)
+
     def update(self, keys: Sequence, arms: Sequence[int], rewards) -> None:
-        idx = self._index(keys)
-        a = np.array(arms, dtype=np.int64)
-        self.counts[idx, a] += 1.0
-        self.sums[idx, a] += rewards
-        self.t[idx] += 1.0
+        self._batch(keys)
+        cell = self._cell0 + arms  # keys are distinct, so no cell repeats
+        self._n.reshape(-1)[cell] += 1.0  # views of the contiguous block
+        self._s.reshape(-1)[cell] += rewards

@@ -8,7 +8,7 @@ SL_max calibrated on warm-up steps; batch cap SL_cap = ceil(mean SL^_i).
 
 The scalar functions below state the math (with worked examples). The policy
 runs the same rule for the whole batch at once: every sequence's last 30 KL values
-are a row [x | x^2 | 1] of one array (`KlHistories`), one matrix product gives the
+are a row of (x, x^2, 1) triples in one array (`KlHistories`), one matrix product gives the
 weighted moments of both windows (`moment_weights`), and `lengths_from_moments`
 turns them into SL^ (Var_w = S2/S0 - (S1/S0)^2, the one-pass form of
 `weighted_variance`). When the next step runs the same batch, `observe` has
@@ -125,65 +125,75 @@ class DsdeConfig:
 
 @functools.lru_cache(maxsize=64)
 def moment_weights(delta: float, short: int, long: int, k: int) -> np.ndarray:
-    """[3 long, 7] weights that turn a flattened history row [x | x^2 | present]
-    (each `long` wide, most recent first) into S1, S2, S0 = sum w x, sum w x^2,
-    sum w over the long and the short window (w = delta^(i-1)), and twice the mean
-    of the k newest values (2 mu_KL,last, for SF). Memoised per k, read-only.
+    """[3 long, 9] weights that turn a flattened history row (`long` triples
+    (x, x^2, 1), most recent first, zeros past the row's count) into S1, S2, S0 =
+    sum w x, sum w x^2, sum w over the long and the short window (w = delta^(i-1)),
+    S0 once more (so one division gives both means and both second moments), and
+    twice the mean of the k newest values (2 mu_KL,last, for SF). Memoised per k,
+    read-only.
 
     >>> moment_weights(0.5, 1, 2, 1).T.tolist()[:2]   # S1 long, S1 short
-    [[1.0, 0.5, 0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]]
+    [[1.0, 0.0, 0.0, 0.5, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]]
     """
     p = np.arange(long)
     w = np.stack([delta ** p, np.where(p < short, delta ** p, 0.0)], axis=1)  # [long, 2]
-    m = np.zeros((3 * long, 7))
-    for block in range(3):
-        m[block * long:(block + 1) * long, 2 * block:2 * block + 2] = w
-    m[:min(k, long), 6] = 2.0 / max(k, 1)
+    m = np.zeros((long, 3, 9))
+    for moment in range(3):  # x, x^2, present
+        m[:, moment, 2 * moment:2 * moment + 2] = w
+    m[:, 2, 6:8] = w
+    m[:min(k, long), 0, 8] = 2.0 / max(k, 1)
+    m = m.reshape(3 * long, 9)
     m.flags.writeable = False
     return m
 
 
 def lengths_from_moments(m: np.ndarray, sl_max: int, sl_min: int = 2) -> np.ndarray:
-    """SL^ per sequence from its weighted moments m = [S1, S2, S0 (long, short each),
-    2 mu_KL,last] x sequences (see `moment_weights`): `wvir` = Var_w(short)/Var_w(long)
-    with Var_w = S2/S0 - (S1/S0)^2 (large where Var_w(long) < 1e-6), SF = exp(2 mu) - 1,
-    and `predicted_length` written as ceil(max(SL_max - 1e-9 - SF WVIR (SL_max - SL_min),
-    SL_min)) — for SF*WVIR > 1 the line is below SL_min, so the floor is the same
-    rule. Sequences with a single value so far (S0 = 1) get SL_max.
+    """SL^ per sequence from its weighted moments m = [S1, S2, S0, S0 (long, short
+    each), 2 mu_KL,last] x sequences (see `moment_weights`): `wvir` =
+    Var_w(short)/Var_w(long) with Var_w = S2/S0 - (S1/S0)^2 (large where
+    Var_w(long) < 1e-6), SF = exp(2 mu) - 1, and `predicted_length` written as
+    ceil(max(SL_max - 1e-9 - SF WVIR (SL_max - SL_min), SL_min)) — for SF*WVIR > 1
+    the line is below SL_min, so the floor is the same rule. Sequences with a single
+    value so far (S0 = 1) get SL_max (their WVIR counts as 0). Few, whole-array numpy
+    calls: at 64 sequences the cost is the number of calls, not the arithmetic.
 
     >>> x = np.array([1.0, 0.0] * 5 + [0.5] * 20); w = 0.85 ** np.arange(30)
     >>> mom = lambda v: [(w * v).sum(), (w[:10] * v[:10]).sum()]
-    >>> col = mom(x) + mom(x * x) + mom(x ** 0) + [2 * 0.1]     # WVIR 1.234, SF 0.2214
+    >>> col = mom(x) + mom(x * x) + mom(x ** 0) * 2 + [2 * 0.1]     # WVIR 1.234, SF 0.2214
     >>> lengths_from_moments(np.array([col]).T, 10).tolist()    # (1 - 0.273) * 8 + 2 = 7.8
     [8]
     """
-    mean = m[0:2] / m[4:6]  # [long, short] x sequences
-    var_long, var_short = m[2:4] / m[4:6] - mean * mean
-    flat = var_long < VAR_FLOOR
-    wvir_ = var_short / (var_long + flat)  # +1 where flat: no division by ~0 (replaced next)
-    wvir_[flat] = LARGE_WVIR
+    q = m[:4] / m[4:8]  # mean long, mean short, E[x^2] long, E[x^2] short
+    var_long, var_short = q[2:] - q[:2] * q[:2]
+    wvir_ = (m[4] > 1.0 + 1e-9) * LARGE_WVIR  # where Var_w(long) is flat; 0 for a single value (-> SL_max)
+    np.divide(var_short, var_long, out=wvir_, where=var_long >= VAR_FLOOR)
     span = float(sl_max - sl_min)
-    sf_span = np.exp(m[6]) * span - span  # SF (SL_max - SL_min); m[6] = 2 mu_KL,last
-    line = (sl_max - 1e-9) - sf_span * wvir_
+    line = (sl_max - 1e-9) - (np.exp(m[8]) * span - span) * wvir_  # SF (SL_max - SL_min) WVIR
     np.maximum(line, np.float64(sl_min), out=line)
-    sl = np.ceil(line).astype(np.int64)
-    sl[m[4] < np.float64(1.0 + 1e-9)] = sl_max  # a single value so far (S0,long = 1)
-    return sl
+    return np.ceil(line).astype(np.int64)
 
 
 class KlHistories:
     """The last `long` KL values of every running sequence as rows of one array
-    [rows, 3, long] holding x, x^2 and 1 ("present"), most recent first, zeros past
-    a row's count: a step updates all its sequences, and their weighted moments
-    are one matrix product, instead of a Python loop per sequence and value."""
+    [rows, long, 3] holding (x, x^2, 1) per value ("1": present), most recent first,
+    zeros past a row's count; their weighted moments are one matrix product,
+    instead of a Python loop per sequence and value.
+
+    While the same batch pushes step after step (the usual case), its rows live in
+    one contiguous block that a push rebuilds with a single concatenation; they are
+    written back when the batch changes. At 64 sequences the cost is the number of
+    numpy calls, not the arithmetic."""
+
+    POWERS = np.array([1.0, 2.0, 0.0])  # x -> (x, x^2, 1)
 
     def __init__(self, long: int, capacity: int = 64):
         self.long = long
         self.rows: Dict[int, int] = {}  # seq_id -> row
         self.free: List[int] = list(range(capacity - 1, -1, -1))
-        self.data = np.zeros((capacity, 3, long))
-        self._ids: tuple = ()  # the ids of the last push and their rows
+        self.data = np.zeros((capacity, 3 * long))
+        self._ids: list = []  # the batch of the last push, its rows and its block
         self._idx = np.zeros(0, dtype=np.int64)
+        self._block = np.zeros((0, 3 * long))
 
     def row(self, seq_id: int) -> int:
         r = self.rows.get(seq_id)
@@ -195,30 +205,34 @@ class KlHistories:
             r = self.rows[seq_id] = self.free.pop()
         return r
 
-    def push(self, ids: Sequence[int], values: Sequence[list], k: int) -> np.ndarray:
+    def _write_back(self) -> None:
+        if self._ids:
+            self.data[self._idx] = self._block
+            self._ids = []
+
+    def push(self, ids: list, values: Sequence[list], k: int) -> np.ndarray:
         """Append k values per sequence (oldest first, as in SequenceOutcome.kl).
-        -> their updated rows, flattened [m, 3 long]."""
-        if ids != self._ids:  # the same batch step after step: reuse its row index
-            rows = [self.rows.get(i) for i in ids]
-            if None in rows:
-                rows = [self.row(i) for i in ids]
-            self._ids, self._idx = ids, np.array(rows, dtype=np.int64)
-        idx, m, n = self._idx, len(ids), self.long
-        x = np.fromiter(chain.from_iterable(values), float, m * k).reshape(m, k)[:, ::-1]  # newest first
+        -> their updated rows [m, 3 long] (read-only: the block itself)."""
+        if ids != self._ids:
+            self._write_back()
+            self._idx = np.array([self.row(i) for i in ids], dtype=np.int64)
+            self._ids, self._block = ids, self.data.take(self._idx, axis=0)
+        m, n = len(ids), self.long
+        x = np.fromiter(chain.from_iterable(values), float, m * k).reshape(m, k, 1)[:, ::-1]  # newest first
         if k > n:
             x, k = x[:, :n], n
-        upd = np.empty((m, 3, n))
-        upd[:, :, k:] = self.data.take(idx, axis=0)[:, :, :n - k]  # age the history by k positions
-        upd[:, 0, :k] = x
-        upd[:, 1, :k] = x * x
-        upd[:, 2, :k] = 1.0
-        self.data[idx] = upd
-        return upd.reshape(m, 3 * n)
+        # age the history by k positions: the new triples in front, the oldest k fall off
+        self._block = np.concatenate(((x ** self.POWERS).reshape(m, 3 * k), self._block[:, :3 * (n - k)]), axis=1)
+        return self._block
+
+    def rows_of(self, ids: Sequence[int]) -> np.ndarray:
+        self._write_back()
+        return self.data[np.array([self.rows[i] for i in ids], dtype=np.int64)]
 
     def drop(self, seq_id: int) -> None:
+        self._write_back()
         r = self.rows.pop(seq_id, None)
         if r is not None:
-            self._ids = ()
             self.data[r] = 0.0
             self.free.append(r)
 
@@ -240,6 +254,8 @@ class Dsde(Policy):
         self.warm_left = self.cfg.warmup_steps
         self.sl_max = self.cfg.sl_a_max
         self._lengths: Dict[int, int] = {}  # SL^ per sequence, recomputed only when it observes
+        self._unsaved: Optional[tuple] = None  # (ids, SL^) not yet in _lengths: the next step's
+        # batch is usually the same and decided already, so the dict is written only when it changes
         self._arms = {k: Arm(self.cfg.drafter, k) for k in range(self.sl_max + 1)}  # reused every step
         self._ready_ids: Optional[list] = None  # the batch observe() already decided for
         self._ready: Optional[Decision] = None
@@ -247,7 +263,13 @@ class Dsde(Policy):
     def length_for(self, seq_id: int) -> int:
         if self.warm_left > 0:
             return self.sl_max
-        return self._lengths.get(seq_id, self.sl_max)
+        return self._saved_lengths().get(seq_id, self.sl_max)
+
+    def _saved_lengths(self) -> Dict[int, int]:
+        if self._unsaved is not None:
+            self._lengths.update(zip(*self._unsaved))
+            self._unsaved = None
+        return self._lengths
 
     def decide(self, ctx: StepContext) -> Decision:
         if self.cfg.drafter not in resident_names(ctx):
@@ -258,7 +280,7 @@ class Dsde(Policy):
         if self.warm_left > 0:
             lengths = [self.sl_max] * len(ids)
         else:
-            get, sl_max = self._lengths.get, self.sl_max
+            get, sl_max = self._saved_lengths().get, self.sl_max
             lengths = [get(i, sl_max) for i in ids]
         return self._decision(ids, lengths)
 
@@ -272,13 +294,17 @@ class Dsde(Policy):
 
     def observe(self, outcome: StepOutcome) -> None:
         self._ready_ids = None
-        seen = [(s.seq_id, s.kl) for s in outcome.sequences if s.kl]
-        if not seen:
-            return
-        ids, values = zip(*seen)
+        values = [s.kl for s in outcome.sequences]
+        if all(values):  # the usual step: every sequence drafted with the model drafter
+            ids = [s.seq_id for s in outcome.sequences]
+        else:
+            ids = [s.seq_id for s in outcome.sequences if s.kl]
+            values = [v for v in values if v]
+            if not values:
+                return
         lens = set(map(len, values))
         groups = [(ids, values)] if len(lens) == 1 else [
-            ([i for i, v in seen if len(v) == k], [v for _, v in seen if len(v) == k]) for k in lens]
+            ([i for i, v in zip(ids, values) if len(v) == k], [v for v in values if len(v) == k]) for k in lens]
         for ids, values in groups:
             k = len(values[0])
             rows = self.kl.push(ids, values, k)
@@ -289,32 +315,34 @@ class Dsde(Policy):
                 sl = self._update_lengths(ids, rows, k)
                 if len(groups) == 1 and len(ids) == len(outcome.sequences):
                     # the next step usually runs the same batch: decide for it now (same rule as decide)
-                    self._ready_ids, self._ready = list(ids), self._decision(ids, sl)
+                    self._ready_ids, self._ready = ids, self._decision(ids, sl)
         if self.warm_left > 0:
             self.warm_left -= 1
             if self.warm_left == 0:  # calibrate, then every sequence with history gets its SL^
                 self.sl_max = calibrate_sl_max(self.cfg.sl_a_max, self.kl_pre)
                 self._arms = {k: Arm(self.cfg.drafter, k) for k in range(self.sl_max + 1)}
                 self._lengths.clear()
+                self._unsaved = None
                 ids = list(self.kl.rows)
-                rows = self.kl.data[np.array([self.kl.rows[i] for i in ids], dtype=np.int64)]
-                self._update_lengths(ids, rows.reshape(len(ids), -1), 0,
+                self._update_lengths(ids, self.kl.rows_of(ids), 0,
                                      np.array([self.last_mu.get(i, 0.0) for i in ids]))
                 self.last_mu.clear()
 
     def _update_lengths(self, ids, rows: np.ndarray, k: int, mu=None) -> list:
-        """SL^ of the given sequences from their flattened rows [x | x^2 | present];
+        """SL^ of the given sequences from their history rows (`KlHistories`);
         mu_KL,last is the mean of the k newest values unless given."""
         c = self.cfg
-        m = moment_weights(c.delta, c.short_window, c.long_window, k).T @ rows.T  # [S1 | S2 | S0 | 2 mu, rows]
+        m = moment_weights(c.delta, c.short_window, c.long_window, k).T @ rows.T  # [S1 | S2 | S0 | S0 | 2 mu, rows]
         if mu is not None:
-            m[6] = 2.0 * mu
+            m[8] = 2.0 * mu
         sl = lengths_from_moments(m, self.sl_max, c.sl_min).tolist()
-        self._lengths.update(zip(ids, sl))
+        if self._unsaved is not None and self._unsaved[0] != ids:
+            self._saved_lengths()
+        self._unsaved = (ids, sl)  # supersedes the same batch's previous lengths
         return sl
 
     def on_request_end(self, seq_id: int) -> None:
         self.kl.drop(seq_id)
         self.last_mu.pop(seq_id, None)
-        self._lengths.pop(seq_id, None)
+        self._saved_lengths().pop(seq_id, None)
         self._ready_ids = None

@@ -113,7 +113,7 @@ class MetaSd(Policy):
         if self.table is not None:
             self.table.update([s.seq_id for s in played], arms, rewards)
             return
-        for s, a, r in zip(played, arms, rewards.tolist()):
+        for s, a, r in zip(played, arms, rewards):
             self._bandit(s.seq_id).update(a, r)
 
     def on_request_start(self, seq_id: int) -> None:

@@ -6,10 +6,8 @@ ALGORITHMS.md: a step emits accepted + 1 tokens per sequence; p = target, q = dr
 from __future__ import annotations
 
 import math
-from itertools import chain
 from typing import Sequence
 
-import numpy as np
 
 from .types import SequenceOutcome, StepOutcome
 
@@ -129,40 +127,22 @@ def acceptance_trials(seq: SequenceOutcome) -> tuple:
     return seq.accepted, seq.accepted + (1 if seq.accepted < seq.gamma else 0)
 
 
-def bd_rewards(seqs: Sequence[SequenceOutcome]) -> np.ndarray:
-    """`bd_reward(s, s.gamma)` for many sequences at once (one array pass per step;
-    the rounding to 12 decimals is numpy's, so the last bit may differ).
+def bd_rewards(seqs: Sequence[SequenceOutcome]) -> list:
+    """`bd_reward(s, s.gamma)` for many sequences at once, in one pass over the records
+    (at ~64 short lists cheaper than any array construction). Not rounded, and 1 - TV
+    is summed as len - sum, so the last bit may differ from `bd_reward`.
 
-    >>> bd_rewards([SequenceOutcome(0, "d", 2, 1, 2, tv=[0.1, 0.5]),
-    ...             SequenceOutcome(1, "ngram", 4, 1, 2, p_draft=[0.9, 0.3])]).tolist()
+    >>> [round(r, 12) for r in bd_rewards([SequenceOutcome(0, "d", 2, 1, 2, tv=[0.1, 0.5]),
+    ...                                     SequenceOutcome(1, "ngram", 4, 1, 2, p_draft=[0.9, 0.3])])]
     [0.7, 0.3]
     """
-    vals = [s.tv or s.p_draft for s in seqs]
-    is_tv = [bool(s.tv) for s in seqs]
-    n_max = [s.gamma for s in seqs]
-    lens = set(map(len, vals))
-    if len(lens) == 1:  # the usual step: one length for all, a [m, k] array
-        k = lens.pop()
-        x = np.fromiter(chain.from_iterable(vals), float, len(vals) * k).reshape(len(vals), k)
-        if all(is_tv):
-            x = 1.0 - x  # 1 - TV
-        elif any(is_tv):
-            x = np.where(np.array(is_tv)[:, None], 1.0 - x, x)  # or p(x) for model-free drafters
-        sums = x.sum(axis=1)
-    else:
-        sums = np.array([sum(1.0 - t for t in v) if tv else sum(v) for v, tv in zip(vals, is_tv)])
-    if min(n_max) > 0:
-        return np.round(sums / (n_max[0] if n_max.count(n_max[0]) == len(n_max) else np.array(n_max, float)), 12)
-    n = np.array(n_max, dtype=float)
-    return np.round(np.where(n > 0, sums / np.maximum(n, 1.0), 0.0), 12)
+    return [((len(s.tv) - sum(s.tv) if s.tv else sum(s.p_draft)) / s.gamma) if s.gamma > 0 else 0.0 for s in seqs]
 
 
-def be_rewards(seqs: Sequence[SequenceOutcome]) -> np.ndarray:
+def be_rewards(seqs: Sequence[SequenceOutcome]) -> list:
     """`be_reward(s, s.gamma)` for many sequences at once.
 
-    >>> be_rewards([SequenceOutcome(0, "d", 4, accepted=2, emitted=3)]).tolist()
+    >>> be_rewards([SequenceOutcome(0, "d", 4, accepted=2, emitted=3)])
     [0.5]
     """
-    acc = np.array([s.accepted for s in seqs], dtype=float)
-    n_max = np.array([s.gamma for s in seqs], dtype=float)
-    return np.where(n_max > 0, acc / np.maximum(n_max, 1.0), 0.0)
+    return [s.accepted / s.gamma if s.gamma > 0 else 0.0 for s in seqs]
