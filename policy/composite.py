@@ -256,21 +256,26 @@ class Composite(Policy):
         self._fresh = {}
         seqs, stats = ctx.sequences, self.seq
         if stats and any(v.seq_id in stats for v in seqs):
-            picks = [(v, *self._drafter_for(v, usable, a_glob)) for v in seqs]
+            picks = [self._drafter_for(v, usable, a_glob) for v in seqs]
         else:  # no sequence has evidence of its own: one answer per last-used drafter
             fresh = {last: self._fresh_pick(last, usable, a_glob) for last in {v.last_drafter for v in seqs}}
-            picks = [(v, *fresh[v.last_drafter]) for v in seqs]
+            picks = [fresh[v.last_drafter] for v in seqs] if len(fresh) > 1 else None
+        if picks is None:  # one (drafter, alpha) for the whole batch: no per-sequence lists to build
+            ((d, a),) = fresh.values()
+            drafters, alphas, names = [d] * b, [a] * b, (d,)
+        else:
+            drafters, alphas = [p[0] for p in picks], [p[1] for p in picks]
+            names = set(drafters)
         is_model = {d: info[d].is_model for d in usable}
-        names = {d for _, d, _ in picks}
         if len(names) == 1:  # one drafter for the whole batch (the usual case)
             (d,) = names
             model = [is_model[d]] * b
             n_model = b if is_model[d] else 0
             l_max = max([v.uncaught_tokens.get(d, 0) for v in seqs]) if n_model else 0
         else:
-            model = [is_model[d] for _, d, _ in picks]
+            model = [is_model[d] for d in drafters]
             n_model = sum(model)
-            l_max = max([v.uncaught_tokens.get(d, 0) for (v, d, _), m in zip(picks, model) if m], default=0)
+            l_max = max([v.uncaught_tokens.get(d, 0) for v, d, m in zip(seqs, drafters, model) if m], default=0)
         catch_up = self.c_switch(l_max, b) if n_model else 0.0
         amortised = catch_up / c.switch_amortise_steps
         total_pulls = self._bucket_pulls.get(bucket, 0) + 1  # sum of self.pulls over this bucket, + 1
@@ -280,7 +285,7 @@ class Composite(Policy):
         slo = ctx.tpot_slo_s
         if slo is not None and t0 > slo:
             best = (0, -1.0, t0, float(b))
-        e_sum = self._expected_sums([a for _, _, a in picks], c.gamma_max)  # [g] sum_i E(alpha_i, g)
+        e_sum = self._expected_sums(alphas, c.gamma_max)  # [g] sum_i E(alpha_i, g)
         for g in range(1, c.gamma_max + 1):
             t = self.step_time(b, ctx_len, b * (g + 1), g, n_model) + amortised
             e = e_sum[g]
@@ -293,9 +298,9 @@ class Composite(Policy):
         if g == 0:
             return {}, 0, 0.0
         # per-sequence elimination: drop low-alpha sequences while goodput rises
-        keep = {v.seq_id for v, _, _ in picks}
+        keep = {v.seq_id for v in seqs}
         n_tok = b * (g + 1)
-        for (v, d, a), m in sorted(zip(picks, model), key=lambda p: p[0][2]):
+        for v, a, m in sorted(zip(seqs, alphas, model), key=lambda p: p[1]):
             e_new = e_tot - (expected_tokens(a, g) - 1.0)
             n_m = n_model - m
             t_new = self.step_time(b, ctx_len, n_tok - g, g if len(keep) > 1 else 0, n_m) + amortised * (n_m > 0)
@@ -308,15 +313,15 @@ class Composite(Policy):
         if b == 1 and n_model and c.dynamic_depth:
             # a lone model-drafted sequence: draft up to gamma_max and let continue_drafting
             # stop on the real confidences (a longer plan costs nothing if it stops early)
-            a1 = picks[0][2]
+            a1 = alphas[0]
             t_max = self.step_time(1, ctx_len, 1 + c.gamma_max, c.gamma_max, 1) + amortised
             if slo is None or t_max <= slo:
                 g, e_tot, n_tok = c.gamma_max, expected_tokens(a1, c.gamma_max), 1 + c.gamma_max
         arm = self._arm
-        arms = {v.seq_id: arm(d, g) for v, d, _ in picks if v.seq_id in keep}
+        arms = {v.seq_id: arm(d, g) for v, d in zip(seqs, drafters) if v.seq_id in keep}
         self._plan = (b, ctx_len, n_model, amortised * (n_model > 0), g, e_tot, n_tok,
-                      {v.seq_id: a for v, _, a in picks if v.seq_id in keep})
-        self._plan_drafter = {v.seq_id: d for v, d, _ in picks if v.seq_id in keep}
+                      {v.seq_id: a for v, a in zip(seqs, alphas) if v.seq_id in keep})
+        self._plan_drafter = {v.seq_id: d for v, d in zip(seqs, drafters) if v.seq_id in keep}
         return arms, n_model, (catch_up if n_model else 0.0)
 
     def continue_drafting(self, ctx: StepContext, seq_id: int, confidences: list) -> bool:
@@ -392,7 +397,7 @@ class Composite(Policy):
             return
         bucket, kind, gamma, profiled, catch_up, b, ctx_len, n_model = self._pending
         self._pending = None
-        played = max((s.gamma for s in outcome.sequences), default=0)
+        played = max([s.gamma for s in outcome.sequences], default=0)
         if played != gamma:
             if played == 0:
                 kind, gamma, profiled = "none", 0, None
