@@ -90,10 +90,10 @@ class ModelDrafter(Drafter):
 
         def size(w: torch.Tensor) -> int:
             return w.numel() * w.element_size()
-        total = sum(size(w) for L in eng.layers
-                    for w in (L.attn_norm, L.mlp_norm, L.wqkv.weight, L.wo.weight, L.w_gate_up.weight, L.w_down.weight))
+        total = sum(size(L.attn_norm) + size(L.mlp_norm) + L.wqkv.nbytes + L.wo.nbytes + L.w_gate_up.nbytes
+                    + L.w_down.nbytes for L in eng.layers)
         total += 0 if t is not None and eng.embed is t.embed else size(eng.embed)
-        total += 0 if t is not None and eng.lm_head is t.lm_head else size(eng.lm_head.weight)
+        total += 0 if t is not None and eng.lm_head is t.lm_head else eng.lm_head.nbytes
         return total
 
     def token_ids(self, columns: torch.Tensor) -> torch.Tensor:

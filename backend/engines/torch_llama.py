@@ -73,14 +73,16 @@ class Linear:
     and is ~1.5x slower. Results are identical to F.linear.
     """
 
-    __slots__ = ("weight", "packed")
+    __slots__ = ("weight", "packed", "nbytes")
 
     def __init__(self, weight: torch.Tensor):  # weight: [out, in]
         self.weight = weight.contiguous()
+        self.nbytes = self.weight.numel() * self.weight.element_size()
         self.packed = None
         if weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available():
             try:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 64)
+                self.weight = None  # the packed copy is the weight now: do not hold both
             except (RuntimeError, AttributeError):  # an older/other build: plain F.linear
                 self.packed = None
 
