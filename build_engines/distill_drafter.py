@@ -8,8 +8,9 @@ Steps (each prints progress):
      distributions (see build_engines/drafter_data.py); train and held-out splits are
      cached under .cache/distill/ so rebuilding or benchmarking does not relabel;
   2. train: a student with the target's first `layers` decoder layers, its frozen
-     embedding and a draft head initialised from the target's tied rows, trained with AdamW on the soft labels (bf16 autocast, fixed
-     number of steps, everything seeded: the same seed gives the same drafter);
+     embedding and a draft head initialised from the target's tied rows, trained
+     with AdamW on the soft labels (bf16 autocast, fixed number of steps, everything
+     seeded: the same seed gives the same drafter);
   3. evaluate greedy next-token agreement with the target on held-out text;
   4. write <out>/<name>/ (config.json, model.safetensors, tokenizer, manifest.json).
      The directory is versioned by `ARTIFACT_VERSION` and the preset; a build whose

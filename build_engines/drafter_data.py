@@ -67,11 +67,6 @@ def code_documents() -> List[tuple]:
     return docs
 
 
-def sharegpt_prompts(download_dir: Path, limit: int = 20000) -> List[tuple]:
-    """(key, first user turn) of ShareGPT V3 conversations."""
-    return [(key, human) for key, human, _ in sharegpt_turns(download_dir, limit)]
-
-
 def sharegpt_turns(download_dir: Path, limit: int = 20000) -> List[tuple]:
     """(key, first user turn, first answer or "") of ShareGPT V3 conversations, decoded
     record by record (the wheel's JSON is cut off mid-record; raw_decode reads

@@ -373,19 +373,17 @@ class UCBRows:
             index[unplayed] = np.inf
             choice = np.where(first_unplayed, unplayed.argmax(axis=1), index.argmax(axis=1))
         if self.k == 2:  # the usual two drafters: a tie is one comparison and a coin
-            ties = index[:, 0] == index[:, 1]
-            if first_unplayed is not None:
-                ties &= ~first_unplayed
-            if ties.any():
-                choice = np.where(ties, self._uniform(len(n)) < 0.5, choice)
-            return choice.tolist()
-        is_top = index == index.max(axis=1)[:, None]
-        ties = is_top.sum(axis=1) > 1
+            ties, is_top = index[:, 0] == index[:, 1], None
+        else:
+            is_top = index == index.max(axis=1)[:, None]
+            ties = is_top.sum(axis=1) > 1
         if first_unplayed is not None:
             ties &= ~first_unplayed
         if ties.any():  # uniform among the tied arms, all tied rows in one draw
-            noise = np.where(is_top, self._uniform(index.shape), -1.0)
-            choice = np.where(ties, noise.argmax(axis=1), choice)
+            if is_top is None:
+                choice = np.where(ties, self._uniform(len(n)) < 0.5, choice)
+            else:
+                choice = np.where(ties, np.where(is_top, self._uniform(index.shape), -1.0).argmax(axis=1), choice)
         return choice.tolist()
 
     def _uniform(self, shape) -> np.ndarray:
