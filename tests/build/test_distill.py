@@ -44,3 +44,17 @@ def test_teacher_forced_chat_samples_label_the_answer_only(checkpoint):
                    torch.ones(len(x), 1))
         m = answer_mask(s, header)
         assert not m[: start - 1].any() and m[start - 1:].all()  # from the last header token on: the answer
+
+
+def test_code_requests_ask_for_stdlib_functions_by_signature_and_docstring():
+    from build_engines.drafter_data import code_requests
+    docs = [("m.py", 'def parse_pair(line, sep):\n    """Split a line into a (key, value) pair at sep."""\n'
+                     '    return tuple(line.split(sep, 1))\n\n'
+                     'def _private(x):\n    """Hidden helpers are not requested."""\n\n'
+                     'def short(x):\n    """Too short."""\n'),
+            ("broken.py", "def (:\n")]  # unparsable sources are skipped
+    reqs = code_requests(docs, limit=10, seed=0)
+    assert reqs == [("m.py:1", "Write a Python function `parse_pair(line, sep)`: "
+                               "Split a line into a (key, value) pair at sep.")]
+    many = [(f"f{i}.py", f'def fn{i}(a):\n    """Return the value number {i} of the table."""\n') for i in range(20)]
+    assert code_requests(many, 5, seed=1) == code_requests(many, 5, seed=1) and len(code_requests(many, 5, 1)) == 5
