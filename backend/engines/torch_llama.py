@@ -65,31 +65,59 @@ class LlamaShape:
 
 
 class Linear:
-    """y = x @ W.T with the weight prepacked for oneDNN when it is available.
+    """y = x @ W.T with the weight laid out for the fastest kernel this CPU has.
 
-    Measured here (bf16, 2 cores, weights not in cache): oneDNN with a prepacked
-    weight reads ~20 GB/s for 1..9 rows, i.e. verifying 8 draft tokens costs about
-    what decoding 1 does; unpacked F.linear re-reorders the weight on every call
-    and is ~1.5x slower. Results are identical to F.linear.
+    bf16 on a CPU with native bf16 (AVX512-BF16/AMX, or AVX-NE-CONVERT): oneDNN with
+    a prepacked weight reads ~20 GB/s for 1..9 rows, i.e. verifying 8 draft tokens
+    costs about what decoding 1 does; unpacked F.linear re-reorders the weight on
+    every call and is ~1.5x slower.
+
+    bf16 on a CPU without it (AVX2 only): F.linear emulates bf16 one row at a time,
+    so cost grows linearly with rows (8 rows: 2.6x fp32's time, 32 rows: 4.7x,
+    measured on 2 AVX2 cores), while for one row the half-size weight is the faster
+    read from memory. Such a layer keeps an fp32 copy of the same (bf16-valued)
+    weight too and multiplies `WIDE_ROWS` or more rows with it: whole-model steps
+    of 8+ rows (verifying drafts, batched decoding) then cost what fp32 costs, one
+    row what bf16 costs, for 3 bytes per weight instead of 2. The products are the
+    same numbers, summed in fp32 either way.
     """
 
-    __slots__ = ("weight", "packed", "nbytes")
+    __slots__ = ("weight", "packed", "wide", "nbytes")
+    WIDE_ROWS = 8  # crossover of whole-model step time, bf16 vs fp32 weights, on 2 AVX2 cores (7-8)
 
     def __init__(self, weight: torch.Tensor):  # weight: [out, in]
         self.weight = weight.contiguous()
-        self.nbytes = self.weight.numel() * self.weight.element_size()
-        self.packed = None
-        if weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available():
+        self.packed = self.wide = None
+        if weight.dtype == torch.bfloat16 and native_bf16():
             try:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 64)
                 self.weight = None  # the packed copy is the weight now: do not hold both
             except (RuntimeError, AttributeError):  # an older/other build: plain F.linear
                 self.packed = None
+        elif weight.dtype == torch.bfloat16:
+            self.wide = self.weight.float()
+        self.nbytes = weight.numel() * weight.element_size() + (self.wide.numel() * 4 if self.wide is not None else 0)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        if self.wide is not None and x.numel() >= self.WIDE_ROWS * x.shape[-1]:
+            return F.linear(x.float(), self.wide).to(x.dtype)
         return F.linear(x, self.weight)
+
+
+_NATIVE_BF16 = None
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (oneDNN's own test)."""
+    global _NATIVE_BF16
+    if _NATIVE_BF16 is None:
+        try:
+            _NATIVE_BF16 = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except (RuntimeError, AttributeError):
+            _NATIVE_BF16 = False
+    return _NATIVE_BF16
 
 
 class Layer:

@@ -65,3 +65,24 @@ def test_any_llama_checkpoint_directory(tmp_path):
     with torch.no_grad():
         ref = hf(ids).logits[0]
     assert torch.allclose(eng.forward([0], [0], [ids[0].tolist()]), ref, atol=1e-4)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_linear_gives_the_same_products_on_either_kernel(monkeypatch, native):
+    """Without native bf16 a layer multiplies WIDE_ROWS+ rows with an fp32 copy of the same
+    bf16 weight (emulated bf16 slows linearly with rows) and fewer rows with the bf16 weight:
+    both are the exact bf16 products summed in fp32, so they agree to bf16 rounding; the
+    resident size counts both copies. With native bf16 there is one (packed) copy."""
+    from backend.engines import torch_llama as tl
+    monkeypatch.setattr(tl, "_NATIVE_BF16", native)
+    torch.manual_seed(0)
+    w = torch.randn(96, 64).bfloat16()
+    lin = tl.Linear(w)
+    assert (lin.wide is None) == native
+    assert lin.nbytes == w.numel() * (2 if native else 6)
+    for rows in (1, tl.Linear.WIDE_ROWS - 1, tl.Linear.WIDE_ROWS, 3 * tl.Linear.WIDE_ROWS):
+        x = torch.randn(1, rows, 64).bfloat16()
+        y = lin(x)
+        assert y.dtype == torch.bfloat16 and y.shape == (1, rows, 96)
+        ref = x.float() @ w.float().T
+        assert torch.allclose(y.float(), ref, rtol=1e-2, atol=1e-2), (y.float() - ref).abs().max()
