@@ -14,7 +14,7 @@ three choices on this machine:
 for one sequence appending 1..16 tokens (a verify step of γ = n-1 drafts) and for
 1..32 sequences decoding one token each, at context 128.
 
-    .venv/bin/python bench/bench_cpu_kernels.py [--repeats 7]
+    .venv/bin/python bench/bench_cpu_kernels.py [--repeats 9]
 
 Writes bench/results/cpu_kernels.{json,png}. On a CPU with native bf16 the first
 two rows are the same kernel (oneDNN, prepacked) and the fp32 copy is never made.
@@ -38,45 +38,56 @@ BATCHES = (1, 2, 4, 8, 16, 32)
 CONTEXT = 128
 
 
-def timed(fn, repeats: int) -> float:
-    """Median seconds of `repeats` calls after one warm-up call."""
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
-
-
-def sweep(engine, repeats: int) -> dict:
-    prompt = list(range(100, 100 + CONTEXT))
-    for slot in range(max(BATCHES)):
-        engine.forward([slot], [0], [prompt])
-    verify = {n: timed(lambda: engine.forward([0], [CONTEXT], [list(range(300, 300 + n))]), repeats) for n in TOKENS}
-    decode = {b: timed(lambda: engine.forward(list(range(b)), [CONTEXT] * b, [[5]] * b), repeats) for b in BATCHES}
-    return {"verify_tokens": verify, "decode_batch": decode}
+def interleaved(calls: dict, repeats: int) -> dict:
+    """Median seconds per call of each labelled function, timed round-robin (one call of
+    each per round, after a warm-up round) so a noisy neighbour hits every choice alike."""
+    times = {k: [] for k in calls}
+    for r in range(repeats + 1):
+        for k, fn in calls.items():
+            t0 = time.perf_counter()
+            fn()
+            if r:
+                times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=9)
     a = ap.parse_args(argv)
     import torch
 
     from backend.engines import torch_llama as tl
     print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, native bf16: {tl.native_bf16()}, "
           f"{torch.get_num_threads()} threads", flush=True)
-    results = {}
     default_wide = tl.Linear.WIDE_ROWS
-    for label, dtype, wide in (("bf16", "bf16", 10**9), ("bf16+fp32", "bf16", default_wide), ("fp32", "fp32", None)):
-        engine = tl.TorchLlama(CHECKPOINT, dtype=dtype, max_slots=max(BATCHES), max_context=CONTEXT + 32)
-        if wide is not None:
+    engines = {"bf16": (tl.TorchLlama(CHECKPOINT, dtype="bf16", max_slots=max(BATCHES), max_context=CONTEXT + 32), 10**9),
+               "bf16+fp32": (tl.TorchLlama(CHECKPOINT, dtype="bf16", max_slots=max(BATCHES), max_context=CONTEXT + 32),
+                             default_wide),
+               "fp32": (tl.TorchLlama(CHECKPOINT, dtype="fp32", max_slots=max(BATCHES), max_context=CONTEXT + 32),
+                        default_wide)}
+    prompt = list(range(100, 100 + CONTEXT))
+    for engine, _ in engines.values():
+        for slot in range(max(BATCHES)):
+            engine.forward([slot], [0], [prompt])
+
+    def call(label, slots, tokens):
+        engine, wide = engines[label]
+
+        def run():
             tl.Linear.WIDE_ROWS = wide
-        print(f"timing {label} ...", flush=True)
-        results[label] = sweep(engine, a.repeats)
-        tl.Linear.WIDE_ROWS = default_wide
-        del engine
+            engine.forward(slots, [CONTEXT] * len(slots), tokens)
+        return run
+
+    results = {k: {"verify_tokens": {}, "decode_batch": {}} for k in engines}
+    for part, keys in (("verify_tokens", TOKENS), ("decode_batch", BATCHES)):
+        for n in keys:
+            slots, tokens = ([0], [list(range(300, 300 + n))]) if part == "verify_tokens" else (list(range(n)), [[5]] * n)
+            med = interleaved({k: call(k, slots, tokens) for k in engines}, a.repeats)
+            for k, v in med.items():
+                results[k][part][n] = v
+            print(f"  {part} {n}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in med.items()), flush=True)
+    tl.Linear.WIDE_ROWS = default_wide
 
     for part, keys, unit in (("verify_tokens", TOKENS, "tokens appended by one sequence"),
                              ("decode_batch", BATCHES, "sequences decoding one token")):

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from prompts import COPY_HEAVY  # noqa: E402
+from prompts import CODE_PROMPTS, COPY_HEAVY, PROSE_PROMPTS  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CHECKPOINT = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
@@ -38,16 +38,6 @@ MODEL_DRAFTERS = ("code", "chat")
 # held-out label sets: stdlib text, the target's answers to requests for code, its chat answers
 HELDOUT = {"code": "heldout", "code answers": "heldout-answers", "chat": "heldout"}
 
-# Requests for code in the chat template, as people send them to an instruct model (raw
-# completions of a code prefix make this target close the code block and explain in prose).
-CODE_PROMPTS = {
-    "code-parse": "Write a Python function that parses an HTTP header line into a (name, value) pair.",
-    "code-class": "Implement an LRU cache class in Python with get and put methods.",
-}
-PROSE_PROMPTS = {  # chat template applied, as an instruct model is served
-    "chat-advice": "What are some good ways to improve my sleep?",
-    "chat-explain": "Explain what a blockchain is in simple terms.",
-}
 COPY_PROMPTS = {"copy-edit": COPY_HEAVY["edit"]}
 KINDS = {"code": (CODE_PROMPTS, True), "prose": (PROSE_PROMPTS, True), "copy": (COPY_PROMPTS, True)}
 

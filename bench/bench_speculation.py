@@ -26,10 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from prompts import COPY_HEAVY, FREE_FORM  # noqa: E402
+from prompts import CODE_PROMPTS, COPY_HEAVY, FREE_FORM, PROSE_PROMPTS  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CHECKPOINT = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
+MODEL_DRAFTERS = "ngram,suffix,code,chat"  # the distilled drafters too (built by the set-up)
 ARMS = [("off", {}), ("static", {"gamma": 2}), ("static", {"gamma": 4}), ("static", {"gamma": 8}), ("composite", {})]
 
 
@@ -39,7 +40,7 @@ def log(msg):
 
 def arm_label(policy, params):
     if policy == "composite":
-        return "composite"
+        return "composite + model drafters" if "drafters" in params else "composite"
     return "plain" if policy == "off" else f"ngram γ={params['gamma']}"
 
 
@@ -137,15 +138,24 @@ def _metrics(port):
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(specserve_\S+) (\S+)$", text, re.M)}
 
 
-def part_b(max_tokens: int, concurrencies) -> list:
+def part_b(max_tokens: int, concurrencies, model_drafters: bool = False) -> list:
+    """Arms: plain, static n-gram γ=4, the default composite and (model_drafters) the
+    composite with the distilled code and chat drafters too, on a pool that then also
+    holds requests for code and chat questions."""
     from backend.launcher import start_server
 
     pool = list(COPY_HEAVY.values()) + list(FREE_FORM.values())
+    arms = [("off", {}), ("static", {"gamma": 4}), ("composite", {})]
+    if model_drafters:
+        pool += list(CODE_PROMPTS.values()) + list(PROSE_PROMPTS.values())
+        arms.append(("composite", {"drafters": MODEL_DRAFTERS}))
     rows = []
-    for policy, params in [("off", {}), ("static", {"gamma": 4}), ("composite", {})]:
+    for policy, params in arms:
         label = arm_label(policy, params)
         # An empty SPECSERVE_POLICY_CONFIG clears config.pbtxt's default policy file.
         env = {"SPECSERVE_POLICY": policy, "SPECSERVE_POLICY_CONFIG": "", "SPECSERVE_MAX_BATCH": str(max(concurrencies))}
+        if "drafters" in params:
+            env["SPECSERVE_DRAFTERS"] = params["drafters"]
         if policy == "static":
             cfg = RESULTS / f"policy_{policy}_{params['gamma']}.yaml"
             cfg.write_text(f"policy: static\nparams:\n  drafter: ngram\n  gamma: {params['gamma']}\n")
@@ -245,6 +255,8 @@ def main(argv=None) -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--skip-server", action="store_true")
     ap.add_argument("--skip-engine", action="store_true", help="only Part B (through Triton)")
+    ap.add_argument("--model-drafters", action="store_true",
+                    help=f"Part B also serves the composite with {MODEL_DRAFTERS}, on code and chat prompts too")
     args = ap.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
     a_rows = []
@@ -254,7 +266,7 @@ def main(argv=None) -> int:
     b_rows = []
     if not args.skip_server:
         log(f"Part B: real Triton server, gRPC streaming, {args.max_tokens // 2} new tokens per request")
-        b_rows = part_b(args.max_tokens // 2, args.concurrency)
+        b_rows = part_b(args.max_tokens // 2, args.concurrency, args.model_drafters)
     stem = "speculation" + ("_server" if args.skip_engine else "_engine" if args.skip_server else "")
     (RESULTS / f"{stem}.json").write_text(json.dumps({"part_a": a_rows, "part_b": b_rows}, indent=1))
     plot(a_rows, b_rows, RESULTS / f"{stem}.png")

@@ -22,3 +22,14 @@ FREE_FORM = {
     "story": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
     "explain": "Explain to a ten-year-old how airplanes stay in the air.",
 }
+
+# Requests for code in the chat template, as people send them to an instruct model (raw
+# completions of a code prefix make this target close the code block and explain in prose).
+CODE_PROMPTS = {
+    "code-parse": "Write a Python function that parses an HTTP header line into a (name, value) pair.",
+    "code-class": "Implement an LRU cache class in Python with get and put methods.",
+}
+PROSE_PROMPTS = {  # chat template applied, as an instruct model is served
+    "chat-advice": "What are some good ways to improve my sleep?",
+    "chat-explain": "Explain what a blockchain is in simple terms.",
+}

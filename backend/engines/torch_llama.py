@@ -73,17 +73,17 @@ class Linear:
     every call and is ~1.5x slower.
 
     bf16 on a CPU without it (AVX2 only): F.linear emulates bf16 one row at a time,
-    so cost grows linearly with rows (8 rows: 2.6x fp32's time, 32 rows: 4.7x,
-    measured on 2 AVX2 cores), while for one row the half-size weight is the faster
-    read from memory. Such a layer keeps an fp32 copy of the same (bf16-valued)
-    weight too and multiplies `WIDE_ROWS` or more rows with it: whole-model steps
-    of 8+ rows (verifying drafts, batched decoding) then cost what fp32 costs, one
-    row what bf16 costs, for 3 bytes per weight instead of 2. The products are the
+    so cost grows linearly with rows (whole SmolLM2-135M step, 2 AVX2 cores: 8 rows
+    5.7x one row; fp32 weights 2.5x, but one fp32 row costs 1.9x a bf16 one). Such a
+    layer keeps an fp32 copy of the same (bf16-valued) weight too and multiplies
+    `WIDE_ROWS` or more rows with it: steps of 8+ rows (verifying drafts, batched
+    decoding) then cost about what fp32 costs, fewer rows what bf16 costs, for 3
+    bytes per weight instead of 2 (bench/bench_cpu_kernels.py). The products are the
     same numbers, summed in fp32 either way.
     """
 
     __slots__ = ("weight", "packed", "wide", "nbytes")
-    WIDE_ROWS = 8  # crossover of whole-model step time, bf16 vs fp32 weights, on 2 AVX2 cores (7-8)
+    WIDE_ROWS = 8  # whole-model step times of bf16 and fp32 weights cross at 6-8 rows on 2 AVX2 cores
 
     def __init__(self, weight: torch.Tensor):  # weight: [out, in]
         self.weight = weight.contiguous()
