@@ -58,6 +58,7 @@ class Preset:
     draft_vocab: int = 16384  # tokens the draft head can propose (most-predicted by the target)
     top_k: int = 16  # soft-label support kept per position
     train_head: bool = True  # the draft head learns too (+2 points of agreement for +5% time, measured)
+    length_pool: int = 16  # batches drawn from a pool of this many sorted by length (chat: padding 28% -> 3% of tokens)
 
 
 PRESETS = {
@@ -180,6 +181,20 @@ def agreement(student: StudentLlama, samples: List[Sample], batch: int = 8) -> f
     return agree / max(1, total)
 
 
+def epoch_batches(lengths: List[int], batch: int, pool: int, rng: random.Random) -> List[List[int]]:
+    """One epoch of batches over every sample once: shuffled, then each run of `pool`
+    batches sorted by length before it is cut, so a batch pads to similar lengths
+    (padding is computed and back-propagated for nothing), and the batches shuffled."""
+    order = rng.sample(range(len(lengths)), len(lengths))
+    size = batch * max(1, pool)
+    batches = []
+    for i in range(0, len(order), size):
+        chunk = sorted(order[i: i + size], key=lambda j: lengths[j])
+        batches += [chunk[j: j + batch] for j in range(0, len(chunk), batch)]
+    rng.shuffle(batches)
+    return batches
+
+
 def train(student: StudentLlama, data: List[Sample], p: Preset, seed: int, steps: int) -> List[float]:
     rng = random.Random(seed)
     opt = torch.optim.AdamW([q for q in student.parameters() if q.requires_grad], lr=p.lr, weight_decay=0.0,
@@ -187,13 +202,14 @@ def train(student: StudentLlama, data: List[Sample], p: Preset, seed: int, steps
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps))))
-    order: List[int] = []
+    order: List[List[int]] = []
+    lengths = [len(s.ids) for s in data]
     losses, agree, seen = [], 0, 0
     show = progress_printer("train")
     for step in range(steps):
-        if len(order) < p.batch:
-            order += rng.sample(range(len(data)), len(data))
-        idx, order = order[: p.batch], order[p.batch:]
+        if not order:
+            order = epoch_batches(lengths, p.batch, p.length_pool, rng)
+        idx = order.pop()
         ids, mask, top_ids, top_p = collate([data[i] for i in idx])
         with train_precision():
             h = student.hidden_states(ids)

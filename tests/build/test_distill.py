@@ -5,7 +5,7 @@ import json
 import torch
 
 from backend.drafters.model import ModelDrafter
-from build_engines.distill_drafter import ARTIFACT_VERSION, build
+from build_engines.distill_drafter import ARTIFACT_VERSION, build, epoch_batches
 
 
 def _digest(path):
@@ -58,3 +58,20 @@ def test_code_requests_ask_for_stdlib_functions_by_signature_and_docstring():
                                "Split a line into a (key, value) pair at sep.")]
     many = [(f"f{i}.py", f'def fn{i}(a):\n    """Return the value number {i} of the table."""\n') for i in range(20)]
     assert code_requests(many, 5, seed=1) == code_requests(many, 5, seed=1) and len(code_requests(many, 5, 1)) == 5
+
+
+def test_epoch_batches_cover_every_sample_once_and_pad_less():
+    import random
+    rng = random.Random(3)
+    lengths = [rng.randint(40, 300) for _ in range(203)]  # not a multiple of the batch
+
+    def padding(batches):
+        return sum(max(lengths[j] for j in b) * len(b) for b in batches) - sum(lengths)
+
+    plain = epoch_batches(lengths, 8, 1, random.Random(0))
+    pooled = epoch_batches(lengths, 8, 16, random.Random(0))
+    for batches in (plain, pooled):
+        assert sorted(j for b in batches for j in b) == list(range(len(lengths)))
+        assert all(1 <= len(b) <= 8 for b in batches)
+    assert padding(pooled) < padding(plain) / 4
+    assert epoch_batches(lengths, 8, 16, random.Random(0)) == pooled  # seeded
