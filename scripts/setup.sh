@@ -4,7 +4,8 @@
 #   2. the real Triton Inference Server + Python backend from the nvidia-pytriton wheel,
 #   3. the default model, converted once into a cached safetensors checkpoint,
 #   4. the distilled model drafters (build_engines/distill_drafter.py): SPECSERVE_DRAFTER_PRESET=quick
-#      (default: a minute, what the tests need) or full (~20-27 min per drafter the first time),
+#      (default: a few minutes, what the tests need) or full (per drafter the first time: ~20-27 min on a
+#      CPU with native bf16, ~55 min on an AVX2-only one),
 #   5. the step-time / switch-cost profile of this machine (build_engines/profile_costs.py),
 #   6. (unless SPECSERVE_SKIP_LOADTOOLS=1) perf_analyzer and genai-perf.
 set -euo pipefail
