@@ -4,8 +4,9 @@ Part A (engine loop in-process, batch 1): tokens/s and ratio to plain greedy for
 gamma = 2, 4, 8 on copy-heavy and free-form prompts, and where a step's time goes
 (draft, verify forward, acceptance, scheduling) plus prefill.
 Part B (through the real Triton server, gRPC streaming clients): aggregate output
-tokens/s at 1, 8 and 32 concurrent streams, plain vs speculation, and the share of
-client-observed time spent outside the engine loop (Triton + gRPC + adapter).
+tokens/s under steady load from 1, 8 and 32 closed-loop streams (the server's token
+counter over a measured window), plain vs speculation, mean request latency, and
+where the loop's time goes (Triton I/O, prefill).
 
     .venv/bin/python bench/bench_speculation.py [--max-tokens 128] [--skip-server]
 
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from prompts import CODE_PROMPTS, COPY_HEAVY, FREE_FORM, PROSE_PROMPTS  # noqa: E402
+from prompts import CODE_PROMPTS, COPY_HEAVY, FREE_FORM, PROSE_PROMPTS, distinct_requests  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CHECKPOINT = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
@@ -101,14 +102,22 @@ def part_a(max_tokens: int, repeats: int) -> list:
 
 
 # -- Part B ------------------------------------------------------------------------------------
-def _stream_client(url, prompts, max_tokens, out):
+def _stream_client(url, next_prompt, max_tokens, out, stop, limit=None):
+    """A closed-loop client: sends next_prompt()'s requests one after the other, each when
+    the last one finished, until `stop` is set (or `limit` requests); appends
+    (tokens, latency_s, finished_at) per request to `out`."""
     import numpy as np
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
     q = queue.Queue()
     client.start_stream(callback=lambda result, error: q.put((result, error)))
-    for prompt in prompts:
+    i = 0
+    while not stop.is_set() and (limit is None or i < limit):
+        prompt = next_prompt()
+        if prompt is None:
+            raise RuntimeError("the benchmark ran out of distinct requests: lower --window")
+        i += 1
         ins = []
         for name, value, dt, npt in [("text_input", prompt.encode(), "BYTES", object),
                                      ("max_tokens", max_tokens, "INT32", np.int32), ("stream", True, "BOOL", bool),
@@ -126,7 +135,8 @@ def _stream_client(url, prompts, max_tokens, out):
             tokens = int(r.as_numpy("num_output_tokens").reshape(-1)[0])
             if r.get_response().parameters["triton_final_response"].bool_param:
                 break
-        out.append((tokens, time.perf_counter() - t0))
+        now = time.perf_counter()
+        out.append((tokens, now - t0, now))
     client.stop_stream()
     client.close()
 
@@ -138,16 +148,76 @@ def _metrics(port):
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(specserve_\S+) (\S+)$", text, re.M)}
 
 
-def part_b(max_tokens: int, concurrencies, model_drafters: bool = False) -> list:
+def _steady_run(ports, requests, conc: int, max_tokens: int, window: float) -> dict:
+    """`conc` closed-loop clients keep the server busy; throughput is read from the server's
+    own counters over a window that starts once every client is in flight and ends before
+    any stops, so the ramp-up and the last stragglers (which a one-shot batch of requests
+    is dominated by) are not measured."""
+    out, threads, stop = [], [], threading.Event()
+    lock, feed = threading.Lock(), iter(requests)
+
+    def next_prompt():
+        with lock:
+            return next(feed, None)
+
+    errors = []
+
+    def client():
+        try:
+            _stream_client(f"127.0.0.1:{ports.grpc}", next_prompt, max_tokens, out, stop)
+        except Exception as e:  # noqa: BLE001 - reported after the run, not lost in a thread
+            errors.append(e)
+            stop.set()
+
+    for _ in range(conc):
+        t = threading.Thread(target=client)
+        t.start()
+        threads.append(t)
+    time.sleep(min(30.0, 2.0 + 0.5 * conc))  # every client's first request admitted and prefilled
+    before, t0 = _metrics(ports.metrics), time.perf_counter()
+    time.sleep(window)
+    after, t1 = _metrics(ports.metrics), time.perf_counter()
+    stop.set()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+    def delta(key):
+        return after[key] - before[key]
+
+    def phase(p):
+        return delta(f'specserve_phase_seconds_total{{phase="{p}"}}')
+
+    steps = delta("specserve_steps_total")
+    done = [lat for _, lat, end in out if t0 <= end <= t1]
+    return {"concurrency": conc, "window_s": t1 - t0, "tokens": delta("specserve_tokens_emitted_total"),
+            "tok_s": delta("specserve_tokens_emitted_total") / (t1 - t0),
+            "requests": len(done), "mean_latency_s": statistics.mean(done) if done else float("nan"),
+            "mean_batch": delta("specserve_step_sequences_total") / max(steps, 1),
+            "io_ms_per_step": 1000 * phase("io") / max(steps, 1), "step_ms": 1000 * phase("step") / max(steps, 1),
+            "prefill_share": phase("prefill") / max(phase("prefill") + phase("step"), 1e-9)}
+
+
+def part_b(max_tokens: int, concurrencies, window: float, model_drafters: bool = False,
+           repeated: bool = False) -> list:
     """Arms: plain, static n-gram γ=4, the default composite and (model_drafters) the
-    composite with the distilled code and chat drafters too, on a pool that then also
-    holds requests for code and chat questions."""
+    composite with the distilled code and chat drafters too (the requests then include
+    code requests). Requests are all different (bench/prompts.py distinct_requests) unless
+    `repeated`: the four fixed prompts over and over, where the suffix drafter's store of
+    recent outputs holds every answer. Each (arm, concurrency) gets a fresh server and
+    the same request sequence, so no run drafts from another run's outputs."""
     from backend.launcher import start_server
 
-    pool = list(COPY_HEAVY.values()) + list(FREE_FORM.values())
+    if repeated:
+        pool = list(COPY_HEAVY.values()) + list(FREE_FORM.values())
+        if model_drafters:
+            pool += list(CODE_PROMPTS.values()) + list(PROSE_PROMPTS.values())
+        requests = pool * 200
+    else:
+        requests = distinct_requests(300, code=model_drafters)
     arms = [("off", {}), ("static", {"gamma": 4}), ("composite", {})]
     if model_drafters:
-        pool += list(CODE_PROMPTS.values()) + list(PROSE_PROMPTS.values())
         arms.append(("composite", {"drafters": MODEL_DRAFTERS}))
     rows = []
     for policy, params in arms:
@@ -162,45 +232,21 @@ def part_b(max_tokens: int, concurrencies, model_drafters: bool = False) -> list
             env["SPECSERVE_POLICY_CONFIG"] = str(cfg)
         elif policy == "composite":
             env["SPECSERVE_POLICY_CONFIG"] = str(ROOT / "configs" / "policies" / "composite.yaml")
-        log(f"  starting Triton with policy {label}")
-        with open(RESULTS / "server.log", "a") as server_log:
-            proc, ports = start_server(env=env, log_file=server_log)
-        try:
-            _stream_client(f"127.0.0.1:{ports.grpc}", pool[:1], 8, [])  # warm-up
-            for conc in concurrencies:
-                per_client = 2 if conc < 32 else 1
-                out, threads = [], []
-                before = _metrics(ports.metrics)
-                t0 = time.perf_counter()
-                for i in range(conc):
-                    prompts = [pool[(i + j) % len(pool)] for j in range(per_client)]
-                    t = threading.Thread(target=_stream_client, args=(f"127.0.0.1:{ports.grpc}", prompts, max_tokens, out))
-                    t.start()
-                    threads.append(t)
-                for t in threads:
-                    t.join()
-                wall = time.perf_counter() - t0
-                time.sleep(0.5)  # metrics publish a few times a second
-                after = _metrics(ports.metrics)
-                def phase(p):
-                    key = f'specserve_phase_seconds_total{{phase="{p}"}}'
-                    return after[key] - before[key]
-                steps = after["specserve_steps_total"] - before["specserve_steps_total"]
-                seqs = after["specserve_step_sequences_total"] - before["specserve_step_sequences_total"]
-                tokens = sum(n for n, _ in out)
-                row = {"arm": label, "concurrency": conc, "requests": len(out), "tokens": tokens, "wall_s": wall,
-                       "tok_s": tokens / wall, "mean_batch": seqs / max(steps, 1),
-                       "io_ms_per_step": 1000 * phase("io") / max(steps, 1),
-                       "step_ms": 1000 * phase("step") / max(steps, 1),
-                       "prefill_share": phase("prefill") / max(phase("prefill") + phase("step"), 1e-9),
-                       "mean_latency_s": statistics.mean(s for _, s in out)}
-                rows.append(row)
-                log(f"  {label:10s} concurrency {conc:3d}: {row['tok_s']:7.1f} tok/s aggregate, mean batch "
-                    f"{row['mean_batch']:.1f}, step {row['step_ms']:.1f} ms of which Triton I/O "
-                    f"{row['io_ms_per_step']:.2f} ms, prefill {100 * row['prefill_share']:.0f}% of loop time")
-        finally:
-            proc.terminate()
-            proc.wait(30)
+        for conc in concurrencies:
+            log(f"  starting Triton with policy {label}")
+            with open(RESULTS / "server.log", "a") as server_log:
+                proc, ports = start_server(env=env, log_file=server_log)
+            try:
+                _stream_client(f"127.0.0.1:{ports.grpc}", lambda: "Hello", 8, [], threading.Event(), limit=1)  # warm-up
+                row = _steady_run(ports, requests, conc, max_tokens, window)
+            finally:
+                proc.terminate()
+                proc.wait(30)
+            rows.append(dict(row, arm=label))
+            log(f"  {label:10s} concurrency {conc:3d}: {row['tok_s']:7.1f} tok/s aggregate, mean batch "
+                f"{row['mean_batch']:.1f}, step {row['step_ms']:.1f} ms of which Triton I/O "
+                f"{row['io_ms_per_step']:.2f} ms, prefill {100 * row['prefill_share']:.0f}% of loop time, "
+                f"{row['requests']} requests finished in the window, mean latency {row['mean_latency_s']:.1f} s")
     for row in rows:
         plain = next(r for r in rows if r["arm"] == "plain" and r["concurrency"] == row["concurrency"])
         row["ratio"] = row["tok_s"] / plain["tok_s"]
@@ -253,6 +299,10 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--window", type=float, default=60.0,
+                    help="Part B: seconds of steady load measured per concurrency (after a ramp-up)")
+    ap.add_argument("--repeated", action="store_true",
+                    help="Part B sends four fixed prompts over and over instead of distinct requests")
     ap.add_argument("--skip-server", action="store_true")
     ap.add_argument("--skip-engine", action="store_true", help="only Part B (through Triton)")
     ap.add_argument("--model-drafters", action="store_true",
@@ -265,9 +315,11 @@ def main(argv=None) -> int:
         a_rows = part_a(args.max_tokens, args.repeats)
     b_rows = []
     if not args.skip_server:
-        log(f"Part B: real Triton server, gRPC streaming, {args.max_tokens // 2} new tokens per request")
-        b_rows = part_b(args.max_tokens // 2, args.concurrency, args.model_drafters)
-    stem = "speculation" + ("_server" if args.skip_engine else "_engine" if args.skip_server else "")
+        log(f"Part B: real Triton server, gRPC streaming, {args.max_tokens // 2} new tokens per request, "
+            f"steady load measured over {args.window:.0f} s per concurrency")
+        b_rows = part_b(args.max_tokens // 2, args.concurrency, args.window, args.model_drafters, args.repeated)
+    stem = "speculation" + ("_server" if args.skip_engine else "_engine" if args.skip_server else "") + (
+        "_repeated" if args.repeated and not args.skip_server else "")
     (RESULTS / f"{stem}.json").write_text(json.dumps({"part_a": a_rows, "part_b": b_rows}, indent=1))
     plot(a_rows, b_rows, RESULTS / f"{stem}.png")
     log(f"wrote {RESULTS / stem}.json and .png")

@@ -33,3 +33,35 @@ PROSE_PROMPTS = {  # chat template applied, as an instruct model is served
     "chat-advice": "What are some good ways to improve my sleep?",
     "chat-explain": "Explain what a blockchain is in simple terms.",
 }
+
+
+def distinct_requests(n: int, *, code: bool = False, seed: int = 0) -> list:
+    """`n` different requests, none repeated: a server's suffix store would otherwise find
+    every answer of a repeated greedy request in its own history and make speculation
+    look far better than on real traffic. Alternately a copy-heavy request (summarise or
+    rewrite a recorded ShareGPT answer, given in the prompt) and a free-form one (a
+    ShareGPT user turn); with `code`, also requests for stdlib functions. All come from
+    the held-out split the drafter builds never train on (build_engines/drafter_data.py)."""
+    import random
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root))
+    from build_engines.drafter_data import code_documents, code_requests, held_out, sharegpt_turns
+
+    turns = [t for t in sharegpt_turns(root / ".cache" / "downloads") if held_out(t[0], seed, 0.05)]
+    rng = random.Random(seed)
+    rng.shuffle(turns)
+    texts = [a for _, _, a in turns if 200 <= len(a) <= 1200]
+    questions = [h for _, h, _ in turns]
+    copy = [f"Summarise the following text in a few sentences, reusing its wording.\n\n{t}" if i % 2 else
+            f"Rewrite the following text, fixing any mistakes. Keep everything else.\n\n{t}"
+            for i, t in enumerate(texts)]
+    kinds = [copy, questions]
+    if code:
+        kinds.append([r for k, r in code_requests(code_documents(), 10 * n, seed) if held_out(k, seed, 0.05)])
+    out = [k[i] for i in range(min(map(len, kinds))) for k in kinds][:n]  # round-robin: a steady mix
+    if len(out) < n:
+        raise ValueError(f"only {len(out)} distinct held-out requests, {n} asked for")
+    return out

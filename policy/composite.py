@@ -122,6 +122,7 @@ class Composite(Policy):
         self._pending: Optional[tuple] = None  # (bucket, kind, gamma, profiled time, catch-up, B, ctx, n_model)
         self._plan: Optional[tuple] = None  # this step's plan, for continue_drafting
         self._plan_drafter: Dict[int, str] = {}
+        self._is_model: Dict[str, bool] = {}
         self._fresh: Dict[tuple, Tuple[str, float]] = {}  # per step: pick of sequences without own evidence
         self._arms: Dict[tuple, Arm] = {}
         self._corr_cache: Dict[tuple, Dict[int, tuple]] = {}  # (bucket, kind) -> {gamma: (correction, source)}
@@ -266,7 +267,7 @@ class Composite(Policy):
         else:
             drafters, alphas = [p[0] for p in picks], [p[1] for p in picks]
             names = set(drafters)
-        is_model = {d: info[d].is_model for d in usable}
+        is_model = self._is_model = {d: info[d].is_model for d in usable}
         if len(names) == 1:  # one drafter for the whole batch (the usual case)
             (d,) = names
             model = [is_model[d]] * b
@@ -380,10 +381,13 @@ class Composite(Policy):
     # -- learning -------------------------------------------------------------
     def observe(self, outcome: StepOutcome) -> None:
         c = self.cfg
+        planned = self._planned_gammas()
         for s in outcome.sequences:
-            if s.gamma <= 0 or s.drafter not in self.glob:
+            if s.drafter not in self.glob:
                 continue
-            succ, trials = acceptance_trials(s)
+            succ, trials = acceptance_trials(s, planned.get(s.seq_id, s.gamma))
+            if trials == 0:
+                continue
             g = self.glob[s.drafter]
             g[0], g[1] = g[0] * c.global_discount + succ, g[1] * c.global_discount + trials
             per = self.seq.setdefault(s.seq_id, {})
@@ -414,6 +418,17 @@ class Composite(Policy):
             self._ratio_changed(bucket, kind, gamma, new)
         self.pulls[(bucket, gamma)] = self.pulls.get((bucket, gamma), 0) + 1
         self._bucket_pulls[bucket] = self._bucket_pulls.get(bucket, 0) + 1
+
+    def _planned_gammas(self) -> Dict[int, int]:
+        """The gamma this step planned for each sequence a model-free drafter drafted. Such a
+        drafter proposes fewer tokens, or none, when its store has no continuation: the tokens
+        it did not propose count as a failed trial, or alpha (and with it the value of
+        speculating) would be that of the sequences that happened to match. A model drafter's
+        short draft is its own confidence stop (continue_drafting), not a failure."""
+        if self._plan is None:
+            return {}
+        g = self._plan[4]
+        return {sid: g for sid, d in self._plan_drafter.items() if not self._is_model.get(d, False)}
 
     def on_request_end(self, seq_id: int) -> None:
         self.seq.pop(seq_id, None)

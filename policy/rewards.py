@@ -6,7 +6,7 @@ ALGORITHMS.md: a step emits accepted + 1 tokens per sequence; p = target, q = dr
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 
 from .types import SequenceOutcome, StepOutcome
@@ -117,14 +117,21 @@ def mean_kl(seq: SequenceOutcome) -> float:
     return sum(seq.kl) / len(seq.kl) if seq.kl else 0.0
 
 
-def acceptance_trials(seq: SequenceOutcome) -> tuple:
+def acceptance_trials(seq: SequenceOutcome, planned: Optional[int] = None) -> tuple:
     """(successes, trials) for a per-token acceptance rate under the geometric
-    model: accepted tokens, plus one failed trial when the draft was cut short.
+    model: accepted tokens, plus one failed trial when the draft was cut short of
+    `planned` tokens (default: of what was drafted) by a rejection or by a drafter
+    that had nothing more to propose.
 
     >>> acceptance_trials(SequenceOutcome(0, "d", 4, 2, 3)), acceptance_trials(SequenceOutcome(0, "d", 4, 4, 5))
     ((2, 3), (4, 4))
+    >>> acceptance_trials(SequenceOutcome(0, "d", 0, 0, 1), 3), acceptance_trials(SequenceOutcome(0, "d", 2, 2, 3), 3)
+    ((0, 1), (2, 3))
     """
-    return seq.accepted, seq.accepted + (1 if seq.accepted < seq.gamma else 0)
+    planned = seq.gamma if planned is None else max(planned, seq.gamma)
+    if planned <= 0:
+        return 0, 0
+    return seq.accepted, seq.accepted + (1 if seq.accepted < planned else 0)
 
 
 def bd_rewards(seqs: Sequence[SequenceOutcome]) -> list:
