@@ -95,6 +95,8 @@ class EngineLoop:
         self.engine, self.tok, self.drafters, self.policy = engine, tokenizer, drafters, policy
         self.cfg, self.clock, self.on_outcome = config, clock, on_outcome
         self.model_drafters = {n: d for n, d in drafters.items() if d.is_model}
+        # Drafters that read the target's features (hidden states) get them after every forward.
+        self.feature_drafters = [d for d in drafters.values() if d.wants_features]
         budget = config.kv_budget_bytes or KVMemory.budget_for(
             config.max_batch * config.limits.max_context, engine.kv_bytes_per_token, self.model_drafters)
         self.memory = KVMemory(budget, engine.kv_bytes_per_token, self.model_drafters)
@@ -245,9 +247,13 @@ class EngineLoop:
     def _prefill(self, new: List[Sequence]) -> None:
         """One ragged forward for these prompts; logits only at each prompt's last position.
         A preempted sequence recomputes its cache (all tokens but the pending one) and samples nothing."""
-        logits = self.engine.forward([s.slot for s in new], [0] * len(new), [s.prefill_ids for s in new],
-                                     logit_rows=[[len(s.prefill_ids) - 1] for s in new])
+        logits, feats = self._forward([s.slot for s in new], [0] * len(new), [s.prefill_ids for s in new],
+                                      logit_rows=[[len(s.prefill_ids) - 1] for s in new])
+        row = 0
         for i, seq in enumerate(new):
+            n = len(seq.prefill_ids)
+            self._share_features(seq, 0, feats, row, n)
+            row += n
             resumed = seq.generated > 0
             seq.kv_len = len(seq.prefill_ids)
             for d in self.drafters.values():  # drafters learn where the prompt ends
@@ -257,6 +263,18 @@ class EngineLoop:
             first = self._sample_one(seq, logits[i: i + 1])
             seq.first_token_s = self.clock()
             seq.append([first], self.cfg.limits.max_context)
+
+    def _forward(self, slots, starts, tokens, logit_rows=None):
+        """The target's forward: (logits, features of every new position, or None when no
+        drafter reads features)."""
+        if self.feature_drafters:
+            return self.engine.forward(slots, starts, tokens, logit_rows=logit_rows, return_hidden=True)
+        return self.engine.forward(slots, starts, tokens, logit_rows=logit_rows), None
+
+    def _share_features(self, seq: Sequence, start: int, feats, row: int, n: int) -> None:
+        """Hand the feature drafters the features of positions start..start+n-1 (rows row.. of feats)."""
+        for d in self.feature_drafters:
+            d.observe_features(seq.seq_id, start, feats[row: row + n])
 
     def _sample_one(self, seq: Sequence, logits: torch.Tensor) -> int:
         if seq.request.sampling.greedy:
@@ -304,7 +322,7 @@ class EngineLoop:
         inputs = [[seq.tokens[seq.kv_len]] + d.tokens for seq, d in zip(batch, drafts)]
         for seq, inp in zip(batch, inputs):
             self.pool.append(seq.seq_id, len(inp))  # fits: _fit_in_memory reserved it
-        logits = self.engine.forward([s.slot for s in batch], [s.kv_len for s in batch], inputs)
+        logits, feats = self._forward([s.slot for s in batch], [s.kv_len for s in batch], inputs)
 
         t_accept = self.clock()
         argmax = logits.argmax(dim=-1).tolist()
@@ -324,6 +342,7 @@ class EngineLoop:
             if draft.q is not None and len(draft):  # a model drafter: how far q is from p
                 p_rows = p[: len(draft)] if p is not None else torch.softmax(logits[row: row + len(draft)], -1)
                 kl, tv = divergences(p_rows, draft.q)
+            self._share_features(seq, seq.kv_len, feats, row, 1 + verdict.accepted)  # what stays cached
             row += n
             self._commit(seq, draft, verdict, name)
             outcomes.append(SequenceOutcome(seq_id=seq.seq_id, drafter=name, gamma=len(draft),

@@ -11,7 +11,8 @@ from policy import Policy, make_policy
 from policy.config import load_policy_config
 
 from .drafters import DRAFTERS, Drafter, make_drafter
-from .drafters.model import ModelDrafter, find_artifact
+from .drafters.feature import load_model_drafter
+from .drafters.model import find_artifact
 from .engine_loop import EngineLoop, LoopConfig
 from .engines.torch_llama import TorchLlama
 from .request import Limits
@@ -64,7 +65,8 @@ def build_drafter(name: str, cfg: ServerConfig, root: Path, engine: TorchLlama) 
     if path is None:
         raise ValueError(f"unknown drafter {name!r}: not one of {', '.join(sorted(DRAFTERS))} and no model drafter "
                          f"'{name}-drafter' in {cfg.drafter_dir} (build it: python -m build_engines.distill_drafter)")
-    d = ModelDrafter(name, path, dtype=cfg.dtype, max_slots=cfg.max_batch, max_context=cfg.max_context, target=engine)
+    d = load_model_drafter(name, path, dtype=cfg.dtype, max_slots=cfg.max_batch, max_context=cfg.max_context,
+                           target=engine)
     log.info("model drafter %s from %s (%.1f MB resident)", name, path, d.weight_bytes / 2**20)
     return d
 

@@ -2,6 +2,7 @@
 
     python -m build_engines.distill_drafter --domain code            # ~20-27 min (native bf16), ~55 (AVX2)
     python -m build_engines.distill_drafter --domain chat --preset quick   # CI: ~1-2 min
+    python -m build_engines.distill_drafter --domain chat --kind feature   # EAGLE-style (feature_student.py)
 
 Steps (each prints progress):
   1. label: the target (bf16 engine) labels domain text with its top-k next-token
@@ -26,13 +27,14 @@ import random
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import List
 
 import torch
 
 from .drafter_data import DOMAINS, Sample, answer_mask, assistant_header_ids, build_labels
+from .feature_student import FeatureStudent, feature_losses
 from .student import StudentLlama, draft_vocabulary, soft_label_loss
 
 ARTIFACT_VERSION = 2  # of the drafter directory layout (2: draft-vocabulary head)
@@ -59,13 +61,15 @@ class Preset:
     top_k: int = 16  # soft-label support kept per position
     train_head: bool = True  # the draft head learns too (+2 points of agreement for +5% time, measured)
     length_pool: int = 16  # batches drawn from a pool of this many sorted by length (chat: padding 28% -> 3% of tokens)
+    feature_layers: int = 4  # --kind feature: decoder layers of the feature drafter
+    feature_steps: int = 400  # --kind feature: optimiser steps (each trains two passes: ~2.5x a token step)
 
 
 PRESETS = {
     "full": Preset(layers=4, train_samples=2000, code_answers=480, chat_prompts=640, chat_forced=1000, heldout_samples=64,
                    window=192, max_new=96, steps=1200, chat_steps=900, batch=8, lr=6e-4),
     "quick": Preset(layers=1, train_samples=48, code_answers=8, chat_prompts=32, chat_forced=16, heldout_samples=8, window=96,
-                    max_new=32, steps=40, chat_steps=40, batch=4, lr=1e-3),
+                    max_new=32, steps=40, chat_steps=40, batch=4, lr=1e-3, feature_layers=1, feature_steps=12),
 }
 
 
@@ -73,6 +77,7 @@ def hyperparameters(p: Preset, domain: str) -> dict:
     """The preset's fields that shape this domain's drafter (the manifest records these)."""
     unused = (("chat_prompts", "chat_forced", "chat_steps") if domain == "code"
               else ("train_samples", "code_answers", "steps"))
+    unused += ("feature_layers", "feature_steps")  # a feature build copies them into layers/steps
     return {k: v for k, v in asdict(p).items() if k not in unused}
 
 
@@ -115,12 +120,12 @@ def sample_count(p: Preset, domain: str, split: str) -> int:
     return p.train_samples if domain == "code" else p.chat_prompts
 
 
-def label_cache(cache: Path, domain: str, split: str, preset: str, seed: int) -> Path:
+def label_cache(cache: Path, domain: str, split: str, preset: str, seed: int, features: bool = False) -> Path:
     p = PRESETS[preset]
     n = sample_count(p, domain, split)
     answers = domain == "chat" or split.endswith("answers")
     gen = f"-g{p.max_new}" + (f"-t{p.chat_forced}" if domain == "chat" and split == "train" else "") if answers else ""
-    return cache / f"{domain}-{split}-{preset}-n{n}-w{p.window}{gen}-s{seed}-v{LABEL_VERSION}.pt"
+    return cache / f"{domain}-{split}-{preset}-n{n}-w{p.window}{gen}-s{seed}{'-f' if features else ''}-v{LABEL_VERSION}.pt"
 
 
 def assistant_header(target_ckpt: Path) -> list:
@@ -129,10 +134,11 @@ def assistant_header(target_ckpt: Path) -> list:
     return assistant_header_ids(AutoTokenizer.from_pretrained(str(target_ckpt)))
 
 
-def labels(domain: str, split: str, p: Preset, seed: int, target_ckpt: Path, cache: Path, preset: str) -> List[Sample]:
-    """Labelled samples of a split, from the cache or made now with the target."""
+def labels(domain: str, split: str, p: Preset, seed: int, target_ckpt: Path, cache: Path, preset: str,
+           features: bool = False) -> List[Sample]:
+    """Labelled samples of a split (with the target's features if asked), from the cache or made now."""
     n = sample_count(p, domain, split)
-    f = label_cache(cache, domain, split, preset, seed)
+    f = label_cache(cache, domain, split, preset, seed, features)
     if f.exists():
         return [Sample(**d) for d in torch.load(f)]
     from transformers import AutoTokenizer
@@ -146,7 +152,7 @@ def labels(domain: str, split: str, p: Preset, seed: int, target_ckpt: Path, cac
     t0 = time.monotonic()
     samples = build_labels(domain, teacher, tok, split=split, n=n, seed=seed, k=p.top_k, batch=batch,
                            window=p.window, max_new=p.max_new, download_dir=ROOT / ".cache" / "downloads",
-                           teacher_forced=forced,
+                           teacher_forced=forced, features=features,
                            progress=progress_printer(f"label {domain}/{split}"))
     log(f"labelled {sum(int(s.mask.sum()) for s in samples)} positions in {time.monotonic() - t0:.0f}s")
     cache.mkdir(parents=True, exist_ok=True)
@@ -167,18 +173,39 @@ def collate(batch: List[Sample]):
     return ids, mask, top_ids, top_p
 
 
+def collate_features(batch: List[Sample]) -> torch.Tensor:
+    """The samples' target features, right-padded with zeros: [B, L, H]."""
+    L = max(len(s.ids) for s in batch)
+    feats = torch.zeros(len(batch), L, batch[0].feats.shape[1])
+    for b, s in enumerate(batch):
+        feats[b, : len(s.ids)] = s.feats.float()
+    return feats
+
+
+def token_batch_loss(student: StudentLlama, batch: List[Sample]):
+    """(loss, [agreeing positions], labelled positions) of a token student on a batch."""
+    ids, mask, top_ids, top_p = collate(batch)
+    loss, a = soft_label_loss(student, student.hidden_states(ids), mask, top_ids, top_p)
+    return loss, [a], int(mask.sum())
+
+
+def feature_batch_loss(student: FeatureStudent, batch: List[Sample]):
+    """(loss, [agreeing positions with true features, with its own], labelled positions)."""
+    ids, mask, top_ids, top_p = collate(batch)
+    return feature_losses(student, ids, collate_features(batch), mask, top_ids, top_p)
+
+
 @torch.no_grad()
-def agreement(student: StudentLlama, samples: List[Sample], batch: int = 8) -> float:
-    """Fraction of labelled positions where the student's greedy token equals the target's."""
-    agree = total = 0
+def agreement(student, samples: List[Sample], batch_loss=token_batch_loss, batch: int = 8) -> List[float]:
+    """Fraction of labelled positions where the student's greedy token equals the target's
+    (a feature student: [first draft token, second draft token])."""
+    agree, total = None, 0
     for i in range(0, len(samples), batch):
-        ids, mask, top_ids, top_p = collate(samples[i: i + batch])
         with train_precision():
-            h = student.hidden_states(ids)
-        _, a = soft_label_loss(student, h.float(), mask, top_ids, top_p)
-        agree += a
-        total += int(mask.sum())
-    return agree / max(1, total)
+            _, a, n = batch_loss(student, samples[i: i + batch])
+        agree = a if agree is None else [x + y for x, y in zip(agree, a)]
+        total += n
+    return [x / max(1, total) for x in agree]
 
 
 def epoch_batches(lengths: List[int], batch: int, pool: int, rng: random.Random) -> List[List[int]]:
@@ -195,7 +222,7 @@ def epoch_batches(lengths: List[int], batch: int, pool: int, rng: random.Random)
     return batches
 
 
-def train(student: StudentLlama, data: List[Sample], p: Preset, seed: int, steps: int) -> List[float]:
+def train(student, data: List[Sample], p: Preset, seed: int, steps: int, batch_loss=token_batch_loss) -> List[float]:
     rng = random.Random(seed)
     opt = torch.optim.AdamW([q for q in student.parameters() if q.requires_grad], lr=p.lr, weight_decay=0.0,
                             betas=(0.9, 0.98))
@@ -204,37 +231,45 @@ def train(student: StudentLlama, data: List[Sample], p: Preset, seed: int, steps
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps))))
     order: List[List[int]] = []
     lengths = [len(s.ids) for s in data]
-    losses, agree, seen = [], 0, 0
+    losses, agree, seen = [], None, 0
     show = progress_printer("train")
     for step in range(steps):
         if not order:
             order = epoch_batches(lengths, p.batch, p.length_pool, rng)
-        idx = order.pop()
-        ids, mask, top_ids, top_p = collate([data[i] for i in idx])
         with train_precision():
-            h = student.hidden_states(ids)
-            loss, a = soft_label_loss(student, h, mask, top_ids, top_p)
+            loss, a, n = batch_loss(student, [data[i] for i in order.pop()])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
         opt.step()
         sched.step()
         losses.append(loss.item())
-        agree, seen = agree + a, seen + int(mask.sum())
+        agree, seen = (a if agree is None else [x + y for x, y in zip(agree, a)]), seen + n
         if (step + 1) % 25 == 0 or step + 1 == steps:
             log(f"step {step + 1}/{steps} loss {sum(losses[-25:]) / len(losses[-25:]):.3f} "
-                f"train agreement {agree / max(1, seen):.3f}")
-            agree = seen = 0
+                f"train agreement {'/'.join(f'{x / max(1, seen):.3f}' for x in agree)}")
+            agree, seen = None, 0
         show(step + 1, steps)
     return losses
 
 
-def build(domain: str, preset: str, seed: int, target_ckpt: Path, out_root: Path, force: bool = False) -> Path:
+def artifact_name(domain: str, kind: str, preset: str) -> str:
+    """<domain>[-feature]-drafter[-<preset>]: the server's drafter "<domain>[-feature]" finds it."""
+    base = f"{domain}-drafter" if kind == "token" else f"{domain}-{kind}-drafter"
+    return base if preset == "full" else f"{base}-{preset}"
+
+
+def build(domain: str, preset: str, seed: int, target_ckpt: Path, out_root: Path, force: bool = False,
+          kind: str = "token") -> Path:
     p = PRESETS[preset]
-    name = f"{domain}-drafter" if preset == "full" else f"{domain}-drafter-{preset}"
+    if kind == "feature":
+        p = replace(p, layers=p.feature_layers, steps=p.feature_steps, chat_steps=p.feature_steps)
+    name = artifact_name(domain, kind, preset)
     out = out_root / name
     want = {"artifact_version": ARTIFACT_VERSION, "domain": domain, "preset": preset, "seed": seed,
             "hyperparameters": hyperparameters(p, domain)}
+    if kind != "token":  # token manifests predate kinds: built ones stay up to date
+        want["kind"] = kind
     mf = out / "manifest.json"
     if mf.exists() and not force:
         have = json.loads(mf.read_text())
@@ -244,15 +279,16 @@ def build(domain: str, preset: str, seed: int, target_ckpt: Path, out_root: Path
     t0 = time.monotonic()
     torch.manual_seed(seed)
     cache = ROOT / ".cache" / "distill"
-    train_set = labels(domain, "train", p, seed, target_ckpt, cache, preset)
-    held = labels(domain, "heldout", p, seed, target_ckpt, cache, preset)
+    features = kind == "feature"
+    train_set = labels(domain, "train", p, seed, target_ckpt, cache, preset, features)
+    held = labels(domain, "heldout", p, seed, target_ckpt, cache, preset, features)
     held_answers = []  # code: also where serving drafts, the target's own code
     if domain == "code" and p.code_answers:
-        train_set = train_set + labels(domain, "train-answers", p, seed, target_ckpt, cache, preset)
-        held_answers = labels(domain, "heldout-answers", p, seed, target_ckpt, cache, preset)
+        train_set = train_set + labels(domain, "train-answers", p, seed, target_ckpt, cache, preset, features)
+        held_answers = labels(domain, "heldout-answers", p, seed, target_ckpt, cache, preset, features)
     if domain == "chat":  # agreement where drafting happens: the answers
         header = assistant_header(target_ckpt)
-        held = [Sample(s.ids, answer_mask(s, header), s.top_ids, s.top_p) for s in held]
+        held = [Sample(s.ids, answer_mask(s, header), s.top_ids, s.top_p, s.feats) for s in held]
     t_label = time.monotonic() - t0
 
     from safetensors.torch import load_file
@@ -262,16 +298,22 @@ def build(domain: str, preset: str, seed: int, target_ckpt: Path, out_root: Path
     coverage = sum(int(torch.isin(s.top_ids[s.mask, 0], vocab).sum()) for s in held) / max(
         1, sum(int(s.mask.sum()) for s in held))
     log(f"draft vocabulary: {len(vocab)} tokens, covering {coverage:.3f} of the target's held-out top-1")
-    student = StudentLlama(cfg, target_w, p.layers, vocab, train_head=p.train_head)
+    if features:
+        student, batch_loss = FeatureStudent(cfg, target_w, vocab, layers=p.layers), feature_batch_loss
+    else:
+        student, batch_loss = StudentLlama(cfg, target_w, p.layers, vocab, train_head=p.train_head), token_batch_loss
     del target_w
-    before = agreement(student, held)
+    before = agreement(student, held, batch_loss)[0]
     log(f"held-out agreement before training (target's first {p.layers} layers): {before:.3f}")
-    losses = train(student, train_set, p, seed, p.chat_steps if domain == "chat" else p.steps)
-    after = agreement(student, held)
-    log(f"held-out agreement after training: {after:.3f}")
+    losses = train(student, train_set, p, seed, p.chat_steps if domain == "chat" else p.steps, batch_loss)
+    after, *more = agreement(student, held, batch_loss)
     extra = {}
+    if more:  # a feature drafter's second draft token reads its own output, not the target's feature
+        extra["heldout_agreement_second_token"] = round(more[0], 4)
+    log(f"held-out agreement after training: {after:.3f}"
+        + (f" (second draft token: {more[0]:.3f})" if more else ""))
     if held_answers:
-        extra["heldout_agreement_answers"] = round(agreement(student, held_answers), 4)
+        extra["heldout_agreement_answers"] = round(agreement(student, held_answers, batch_loss)[0], 4)
         log(f"held-out agreement on the target's own code answers: {extra['heldout_agreement_answers']:.3f}")
 
     tmp = out.with_name(out.name + ".part")
@@ -302,6 +344,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--domain", choices=DOMAINS, action="append", help="repeatable; default: all domains")
     ap.add_argument("--preset", choices=sorted(PRESETS), default="full")
+    ap.add_argument("--kind", choices=("token", "feature"), default="token",
+                    help="token: a small Llama reading tokens; feature: also reads the target's features (EAGLE-style)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--target", type=Path, default=ROOT / ".cache/models/smollm2-135m-instruct")
     ap.add_argument("--out", type=Path, default=ROOT / ".cache/drafters")
@@ -311,7 +355,7 @@ def main(argv=None) -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
     for d in a.domain or DOMAINS:
-        build(d, a.preset, a.seed, a.target, a.out, a.force)
+        build(d, a.preset, a.seed, a.target, a.out, a.force, a.kind)
 
 
 if __name__ == "__main__":

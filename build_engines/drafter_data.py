@@ -44,6 +44,7 @@ class Sample:
     mask: torch.Tensor  # [L] bool: a label exists for the next token after position t
     top_ids: torch.Tensor  # [L, k] long
     top_p: torch.Tensor  # [L, k] float (top-k of the target's softmax, not renormalised)
+    feats: Optional[torch.Tensor] = None  # [L, H] bf16: the target's features (feature drafters), zeros where unknown
 
 
 def held_out(key: str, seed: int, fraction: float) -> bool:
@@ -129,38 +130,49 @@ def _top(logits: torch.Tensor, k: int):
     return ti, tp
 
 
+def _forward(teacher, slots, starts, tokens, features: bool):
+    """(logits, features or None) of the teacher's forward; features come free with it."""
+    if features:
+        return teacher.forward(slots, starts, tokens, return_hidden=True)
+    return teacher.forward(slots, starts, tokens), None
+
+
 def label_windows(teacher, windows: List[List[int]], k: int, batch: int,
-                  progress: Callable[[int, int], None] = lambda i, n: None) -> List[Sample]:
+                  progress: Callable[[int, int], None] = lambda i, n: None, features: bool = False) -> List[Sample]:
     """Teacher-forced labels for every position of each window (one ragged forward per batch)."""
     out: List[Sample] = []
     for i in range(0, len(windows), batch):
         chunk = windows[i: i + batch]
-        logits = teacher.forward(list(range(len(chunk))), [0] * len(chunk), chunk)  # rows in order
+        logits, feats = _forward(teacher, list(range(len(chunk))), [0] * len(chunk), chunk, features)  # rows in order
         row = 0
         for w in chunk:
             ti, tp = _top(logits[row: row + len(w)], k)
+            f = None if feats is None else feats[row: row + len(w)].clone()
             row += len(w)
             mask = torch.ones(len(w), dtype=torch.bool)
             mask[-1] = False  # the last position's label is the token after the window: unknown to us
-            out.append(Sample(torch.tensor(w), mask, ti, tp))
+            out.append(Sample(torch.tensor(w), mask, ti, tp, f))
         progress(min(i + batch, len(windows)), len(windows))
     return out
 
 
 def label_answers(teacher, prompts: List[List[int]], k: int, batch: int, max_new: int, eos: int,
-                  progress: Callable[[int, int], None] = lambda i, n: None) -> List[Sample]:
+                  progress: Callable[[int, int], None] = lambda i, n: None, features: bool = False) -> List[Sample]:
     """The teacher answers each prompt greedily; labels are its distributions along its own answer
     (the prompt's distributions come with the prefill; they are kept but masked out)."""
     out: List[Sample] = []
     for i in range(0, len(prompts), batch):
         chunk = prompts[i: i + batch]
         B = len(chunk)
-        logits = teacher.forward(list(range(B)), [0] * B, chunk)  # every prompt row, in order
+        logits, feats = _forward(teacher, list(range(B)), [0] * B, chunk, features)  # every prompt row, in order
         tops: List[list] = []
+        rows: List[list] = [[] for _ in chunk]  # feature rows by position, aligned with tops
         last_rows, row = [], 0
-        for p in chunk:
+        for b, p in enumerate(chunk):
             ti, tp = _top(logits[row: row + len(p)], k)
             tops.append([(ti[j], tp[j]) for j in range(len(p))])
+            if feats is not None:
+                rows[b].append(feats[row: row + len(p)].clone())
             row += len(p)
             last_rows.append(row - 1)
         logits = logits[last_rows]
@@ -181,10 +193,13 @@ def label_answers(teacher, prompts: List[List[int]], k: int, batch: int, max_new
             live = still
             if not live or step == max_new - 1:
                 break
-            logits = teacher.forward(live, [lens[b] for b in live], [[answers[b][-1]] for b in live])
-            for b in live:
+            logits, feats = _forward(teacher, live, [lens[b] for b in live], [[answers[b][-1]] for b in live],
+                                     features)
+            for r, b in enumerate(live):
                 lens[b] += 1
-        for p, ans, tp_list in zip(chunk, answers, tops):
+                if feats is not None:
+                    rows[b].append(feats[r: r + 1].clone())
+        for p, ans, tp_list, f_rows in zip(chunk, answers, tops, rows):
             ids = torch.tensor(p + ans)
             L = len(ids)
             n = min(L, len(tp_list))  # position t is labelled by the distribution after ids[:t+1]
@@ -193,7 +208,11 @@ def label_answers(teacher, prompts: List[List[int]], k: int, batch: int, max_new
             # be learnt by heart and inflate agreement, and drafting happens in answers
             top_ids = torch.stack([t[0] for t in tp_list[:n]] + [torch.zeros(k, dtype=torch.long)] * (L - n))
             top_p = torch.stack([t[1] for t in tp_list[:n]] + [torch.zeros(k)] * (L - n))
-            out.append(Sample(ids, mask, top_ids, top_p))
+            f = None
+            if f_rows:
+                f = torch.cat(f_rows)[:L]
+                f = torch.cat([f, f.new_zeros(L - len(f), f.shape[1])])
+            out.append(Sample(ids, mask, top_ids, top_p, f))
         progress(min(i + batch, len(prompts)), len(prompts))
     return out
 
@@ -251,7 +270,7 @@ def chat_prompt_ids(tokenizer, prompts: List[tuple], max_prompts: int, max_len: 
 
 def build_labels(domain: str, teacher, tokenizer, *, split: str, n: int, seed: int, k: int, batch: int,
                  window: int, max_new: int, download_dir: Path, holdout: float = 0.05, teacher_forced: int = 0,
-                 progress: Optional[Callable[[int, int], None]] = None) -> List[Sample]:
+                 progress: Optional[Callable[[int, int], None]] = None, features: bool = False) -> List[Sample]:
     """Labelled samples of `domain` from the train or held-out split (chat: n answered by
     the target, then `teacher_forced` recorded answers labelled along their text)."""
     want_held = split.startswith("heldout")
@@ -259,21 +278,21 @@ def build_labels(domain: str, teacher, tokenizer, *, split: str, n: int, seed: i
     if domain == "code" and split.endswith("answers"):  # the target answers requests for code
         docs = [d for d in code_documents() if held_out(d[0], seed, holdout) == want_held]
         ids = chat_prompt_ids(tokenizer, code_requests(docs, 4 * n, seed), n, max_len=window, seed=seed)
-        return label_answers(teacher, ids, k, batch, max_new, teacher.shape.eos_token_id, progress)
+        return label_answers(teacher, ids, k, batch, max_new, teacher.shape.eos_token_id, progress, features)
     if domain == "code":
         docs = [d for d in code_documents() if held_out(d[0], seed, holdout) == want_held]
         wins = code_windows(tokenizer, docs, window, n, seed)
-        return label_windows(teacher, wins, k, batch, progress)
+        return label_windows(teacher, wins, k, batch, progress, features)
     if domain == "chat":
         turns = [t for t in sharegpt_turns(download_dir) if held_out(t[0], seed, holdout) == want_held]
         ids = chat_prompt_ids(tokenizer, [t[:2] for t in turns], n, max_len=window, seed=seed)
         eos = teacher.shape.eos_token_id
-        samples = label_answers(teacher, ids, k, batch, max_new, eos, progress)
+        samples = label_answers(teacher, ids, k, batch, max_new, eos, progress, features)
         if teacher_forced:
             header = assistant_header_ids(tokenizer)
             forced = chat_answer_ids(tokenizer, turns, teacher_forced, window, window + max_new, seed)
-            forced = label_windows(teacher, forced, k, min(batch, 8), progress)  # [rows, vocab] logits: 8 at a time
-            samples += [Sample(s.ids, answer_mask(s, header), s.top_ids, s.top_p) for s in forced]
+            forced = label_windows(teacher, forced, k, min(batch, 8), progress, features)  # [rows, vocab]: 8 at a time
+            samples += [Sample(s.ids, answer_mask(s, header), s.top_ids, s.top_p, s.feats) for s in forced]
         return samples
     raise ValueError(f"unknown domain {domain!r}; known: {', '.join(DOMAINS)}")
 

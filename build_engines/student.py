@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 import torch.nn as nn
@@ -91,20 +91,26 @@ class StudentLlama(nn.Module):
 
     def save(self, out: Path, dtype: torch.dtype = torch.bfloat16) -> Dict[str, int]:
         """Write config.json + model.safetensors (embedding included: the directory stands alone)."""
-        out.mkdir(parents=True, exist_ok=True)
-        tensors = {"model.embed_tokens.weight": self.embed, "model.norm.weight": self.norm.detach(),
-                   "lm_head.weight": self.head.detach()}
-        for i in range(self.layers):
-            for name in LAYER_TENSORS:
-                tensors[f"model.layers.{i}.{name}.weight"] = self.w(i, name).detach()
-        tensors = {k: v.to(dtype).contiguous() for k, v in tensors.items()}
-        tensors["draft_vocab"] = self.vocab_ids.contiguous()
-        save_file(tensors, str(out / "model.safetensors"))
-        (out / "config.json").write_text(json.dumps(dict(self.cfg, dtype=str(dtype).removeprefix("torch.")),
-                                                    indent=2))
-        layer_bytes = sum(v.numel() * v.element_size() for k, v in tensors.items()
-                          if ".layers." in k or k == "lm_head.weight")
-        return {"layer_bytes": layer_bytes, "total_bytes": sum(v.numel() * v.element_size() for v in tensors.values())}
+        return save_drafter(self, out, dtype)
+
+
+def save_drafter(student, out: Path, dtype: torch.dtype, extra: Optional[Dict[str, torch.Tensor]] = None) -> Dict[str, int]:
+    """Write a student's config.json + model.safetensors (its layers, norm, head, draft
+    vocabulary, the embedding so the directory stands alone, and `extra` tensors).
+    Returns the bytes of what it holds besides the embedding, and of everything."""
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {"model.embed_tokens.weight": student.embed, "model.norm.weight": student.norm.detach(),
+               "lm_head.weight": student.head.detach(), **(extra or {})}
+    for i in range(student.layers):
+        for name in LAYER_TENSORS:
+            tensors[f"model.layers.{i}.{name}.weight"] = student.w(i, name).detach()
+    tensors = {k: v.to(dtype).contiguous() for k, v in tensors.items()}
+    tensors["draft_vocab"] = student.vocab_ids.contiguous()
+    save_file(tensors, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(dict(student.cfg, dtype=str(dtype).removeprefix("torch.")), indent=2))
+    size = {k: v.numel() * v.element_size() for k, v in tensors.items()}
+    return {"layer_bytes": sum(b for k, b in size.items() if k not in ("model.embed_tokens.weight", "draft_vocab")),
+            "total_bytes": sum(size.values())}
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

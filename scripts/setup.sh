@@ -51,6 +51,8 @@ fi
 # 4. model drafters, distilled from the target on this CPU (skipped when already built)
 .venv/bin/python -m build_engines.distill_drafter --preset "${SPECSERVE_DRAFTER_PRESET:-quick}" \
   --target "$CACHE/models/smollm2-135m-instruct" --out "$CACHE/drafters"
+.venv/bin/python -m build_engines.distill_drafter --kind feature --domain chat --preset "${SPECSERVE_DRAFTER_PRESET:-quick}" \
+  --target "$CACHE/models/smollm2-135m-instruct" --out "$CACHE/drafters"
 
 # 5. step-time / switch-cost profile the adaptive policies read (measured on this machine)
 .venv/bin/python -m build_engines.profile_costs --repeats 3 --drafter-dir "$CACHE/drafters" \

@@ -47,6 +47,7 @@ class Drafter(abc.ABC):
     name: str = ""
     is_model: bool = False
     resident: bool = True  # usable now; model drafters are not while parked or reloading
+    wants_features: bool = False  # reads the target's features: the loop calls observe_features (drafters/feature.py)
 
     @abc.abstractmethod
     def propose(self, seq_id: int, tokens: Sequence[int], gamma: int) -> Draft:

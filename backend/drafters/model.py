@@ -134,24 +134,8 @@ class ModelDrafter(Drafter):
         return self.propose_batch([DraftRequest(seq_id, tokens, gamma)])[0]
 
     def propose_batch(self, requests: List[DraftRequest], keep_going: Optional[ContinueFn] = None) -> List[Draft]:
-        eng = self._engine
-        if eng is None or not self._ready.is_set():
-            raise RuntimeError(f"drafter {self.name} is not resident (parked or reloading)")
-        slots, starts, catch = [], [], []
-        for r in requests:
-            if r.seq_id not in self.slots:
-                used = set(self.slots.values())
-                free = next((s for s in range(eng.max_slots) if s not in used), None)
-                if free is None:
-                    raise RuntimeError(f"drafter {self.name}: all {eng.max_slots} cache slots are in use")
-                self.slots[r.seq_id], self.fed[r.seq_id], self.verified[r.seq_id] = free, [], 0
-            fed = self._rollback(r.seq_id, r.tokens)
-            keep = min(len(fed), len(r.tokens) - 1)  # feed at least the last token to get its logits
-            del fed[keep:]
-            self.verified[r.seq_id] = min(self.verified[r.seq_id], keep)
-            slots.append(self.slots[r.seq_id])
-            starts.append(keep)
-            catch.append(list(r.tokens[keep:]))
+        eng = self._resident_engine()
+        slots, starts, catch = self._catch_up_plan(requests)
         logits: List[Optional[torch.Tensor]] = [None] * len(requests)
         for group in prefill_groups([len(c) for c in catch]):
             out = eng.forward([slots[i] for i in group], [starts[i] for i in group], [catch[i] for i in group],
@@ -159,6 +143,46 @@ class ModelDrafter(Drafter):
             for row, i in enumerate(group):
                 self.fed[requests[i].seq_id].extend(catch[i])
                 logits[i] = out[row]
+        return self._draft_loop(requests, slots, logits, [None] * len(requests), keep_going)
+
+    def _resident_engine(self) -> TorchLlama:
+        if self._engine is None or not self._ready.is_set():
+            raise RuntimeError(f"drafter {self.name} is not resident (parked or reloading)")
+        return self._engine
+
+    def _catch_up_plan(self, requests: List[DraftRequest]):
+        """Per request: its cache slot, the position catch-up starts at, the tokens to feed."""
+        slots, starts, catch = [], [], []
+        for r in requests:
+            slots.append(self._slot(r.seq_id))
+            starts.append(self._keep(r.seq_id, r.tokens))
+            catch.append(list(r.tokens[starts[-1]:]))
+        return slots, starts, catch
+
+    def _slot(self, seq_id: int) -> int:
+        """The sequence's cache slot (a free one for a new sequence)."""
+        if seq_id not in self.slots:
+            used = set(self.slots.values())
+            free = next((s for s in range(self._engine.max_slots) if s not in used), None)
+            if free is None:
+                raise RuntimeError(f"drafter {self.name}: all {self._engine.max_slots} cache slots are in use")
+            self.slots[seq_id], self.fed[seq_id], self.verified[seq_id] = free, [], 0
+        return self.slots[seq_id]
+
+    def _keep(self, seq_id: int, committed: Sequence[int]) -> int:
+        """Roll back to the cached prefix of the committed tokens, leaving at least the last
+        token to feed (its logits draft the first token); returns that prefix's length."""
+        fed = self._rollback(seq_id, committed)
+        keep = min(len(fed), len(committed) - 1)
+        del fed[keep:]
+        self.verified[seq_id] = min(self.verified[seq_id], keep)
+        return keep
+
+    def _draft_loop(self, requests: List[DraftRequest], slots: List[int], logits: list, carry: list,
+                    keep_going: Optional[ContinueFn]) -> List[Draft]:
+        """Draft from each request's first logits: pick a token (argmax, or a sample from q at the
+        request's temperature), then one batched `_next` per sub-step for the sequences still
+        drafting. `carry` is what `_next` threads from one sub-step to the next (per request)."""
         drafts = [Draft(tokens=[]) for _ in requests]
         qs: List[list] = [[] for _ in requests]
         live = [i for i, r in enumerate(requests) if r.gamma > 0]
@@ -178,15 +202,19 @@ class ModelDrafter(Drafter):
                     and (keep_going is None or keep_going(requests[i].seq_id, drafts[i].confidences))]
             if not live:
                 break
-            out = eng.forward([slots[i] for i in live], [len(self.fed[requests[i].seq_id]) for i in live],
-                              [[drafts[i].tokens[-1]] for i in live])
+            out, nxt = self._next([slots[i] for i in live], [len(self.fed[requests[i].seq_id]) for i in live],
+                                  [drafts[i].tokens[-1] for i in live], [carry[i] for i in live])
             for row, i in enumerate(live):
                 self.fed[requests[i].seq_id].append(drafts[i].tokens[-1])
-                logits[i] = out[row]
+                logits[i], carry[i] = out[row], nxt[row]
         for d, q in zip(drafts, qs):
             if q:
                 d.q = self._full_vocab(torch.stack(q))
         return drafts
+
+    def _next(self, slots: List[int], starts: List[int], tokens: List[int], carry: list):
+        """Feed one drafted token per sequence; (logits rows, carry for the next sub-step)."""
+        return self._engine.forward(slots, starts, [[t] for t in tokens]), carry
 
     def _full_vocab(self, q: torch.Tensor) -> torch.Tensor:
         if self.draft_vocab is None:

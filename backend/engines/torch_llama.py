@@ -182,12 +182,17 @@ class TorchLlama:
     # -- forward ---------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, slots: Sequence[int], starts: Sequence[int], tokens: Sequence[Sequence[int]],
-                logit_rows: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
+                logit_rows: Sequence[Sequence[int]] | None = None, return_hidden: bool = False,
+                embeds: Sequence[torch.Tensor] | None = None):
         """Append `tokens[b]` to slot `slots[b]` at positions starts[b].. and return logits.
 
         logit_rows[b] lists which of sequence b's new positions need logits
         (default: all). Returns float32 logits [sum of len(logit_rows[b]), vocab],
-        rows in batch order.
+        rows in batch order; with `return_hidden`, (logits, features): features are the
+        final-normed hidden states (what the head reads; a feature drafter's input) of
+        every new position, [sum of len(tokens[b]), hidden] in batch order. `embeds[b]`
+        ([len(tokens[b]), hidden]), when given, replaces the token embeddings (a feature
+        drafter's inputs); `tokens` then only sets the lengths.
         """
         s = self.shape
         B = len(slots)
@@ -220,7 +225,12 @@ class TorchLlama:
         cos, sin = self.cos[rope_pos].unsqueeze(2), self.sin[rope_pos].unsqueeze(2)  # [B, S, 1, hd]
         contiguous = list(slots) == list(range(slots[0], slots[0] + B))
 
-        x = self.embed[ids]  # [B, S, H]
+        if embeds is None:
+            x = self.embed[ids]  # [B, S, H]
+        else:
+            x = self.embed.new_zeros(B, S, s.hidden)
+            for b in range(B):
+                x[b, : lens[b]] = embeds[b]
         qd, kd = s.heads * s.head_dim, s.kv_heads * s.head_dim
         for i, L in enumerate(self.layers):
             h = F.rms_norm(x, (s.hidden,), L.attn_norm, s.rms_eps)
@@ -245,14 +255,18 @@ class TorchLlama:
             h = F.rms_norm(x, (s.hidden,), L.mlp_norm, s.rms_eps)
             gu = L.w_gate_up(h)
             x = x + L.w_down(F.silu(gu[..., : s.intermediate]) * gu[..., s.intermediate:])
+        if return_hidden:
+            x = F.rms_norm(x, (s.hidden,), self.final_norm, s.rms_eps)
         if logit_rows is None:
             rows = x[valid]
         else:
             bi = [b for b in range(B) for _ in logit_rows[b]]
             si = [r for b in range(B) for r in logit_rows[b]]
             rows = x[bi, si]
-        rows = F.rms_norm(rows, (s.hidden,), self.final_norm, s.rms_eps)
-        return self.lm_head(rows).float()
+        if not return_hidden:
+            rows = F.rms_norm(rows, (s.hidden,), self.final_norm, s.rms_eps)
+        logits = self.lm_head(rows).float()
+        return (logits, x[valid]) if return_hidden else logits
 
     # -- cache management ------------------------------------------------------
     def move_slot(self, src: int, dst: int, length: int) -> None:

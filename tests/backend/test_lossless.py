@@ -6,7 +6,8 @@ import pytest
 
 from backend.engines.torch_llama import TorchLlama
 from backend.drafters import make_drafter
-from backend.drafters.model import ModelDrafter, find_artifact
+from backend.drafters.feature import load_model_drafter
+from backend.drafters.model import find_artifact
 from policy import POLICIES, Arm, Decision, MemoryAction, Policy
 from policy.base import resident_names
 from policy.config import policy_from_config
@@ -21,8 +22,8 @@ def model_drafter(name, engine):
     path = find_artifact(DRAFTER_DIR, name)
     if path is None:
         pytest.fail(f"model drafter {name!r} not built in {DRAFTER_DIR}: run scripts/setup.sh")
-    return ModelDrafter(name, path, dtype="fp32", max_slots=engine.max_slots, max_context=engine.max_context,
-                        target=engine)
+    return load_model_drafter(name, path, dtype="fp32", max_slots=engine.max_slots, max_context=engine.max_context,
+                              target=engine)
 
 
 ARTICLE = ("The Amazon rainforest covers much of the Amazon basin of South America. This basin encompasses "
@@ -110,7 +111,7 @@ def test_every_policy_runs_losslessly_in_the_engine_loop(engine, tokenizer, plai
         assert loop.stats.drafted > 0, f"{name} never speculated on copy-heavy prompts"
 
 
-@pytest.mark.parametrize("name", ["code", "chat"])
+@pytest.mark.parametrize("name", ["code", "chat", "chat-feature"])
 def test_model_drafter_equals_plain_greedy_in_a_continuous_batch(engine, tokenizer, plain, name):
     drafters = {name: model_drafter(name, engine)}
     loop = make_loop(engine, tokenizer, "static", max_batch=4, drafters=drafters, drafter=name, gamma=3)
@@ -136,10 +137,11 @@ class ParkThenReload(Policy):
         return Decision(arms=arms, memory_actions=actions.get(self.steps, ()))
 
 
-def test_lossless_across_a_drafter_park_and_reload_mid_generation(engine, tokenizer, plain):
-    drafter = model_drafter("chat", engine)
-    loop = make_loop(engine, tokenizer, "off", max_batch=4, drafters={"chat": drafter})
-    loop.policy = ParkThenReload("chat")
+@pytest.mark.parametrize("name", ["chat", "chat-feature"])
+def test_lossless_across_a_drafter_park_and_reload_mid_generation(engine, tokenizer, plain, name):
+    drafter = model_drafter(name, engine)
+    loop = make_loop(engine, tokenizer, "off", max_batch=4, drafters={name: drafter})
+    loop.policy = ParkThenReload(name)
     blocks_resident = loop.pool.num_blocks
     spec = [s.chunks[-1] for s in run_all(loop, [greedy(p, 40) for p in PROMPTS[:8]])]
     for prompt, a, b in zip(PROMPTS, plain, spec):

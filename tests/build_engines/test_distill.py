@@ -75,3 +75,15 @@ def test_epoch_batches_cover_every_sample_once_and_pad_less():
         assert all(1 <= len(b) <= 8 for b in batches)
     assert padding(pooled) < padding(plain) / 4
     assert epoch_batches(lengths, 8, 16, random.Random(0)) == pooled  # seeded
+
+
+def test_quick_feature_build_is_reproducible_and_serves(checkpoint, tmp_path):
+    from backend.drafters.feature import FeatureDrafter, load_model_drafter
+    a = build("chat", "quick", 0, checkpoint, tmp_path / "a", force=True, kind="feature")
+    b = build("chat", "quick", 0, checkpoint, tmp_path / "b", force=True, kind="feature")
+    assert a.name == "chat-feature-drafter-quick" and _digest(a) == _digest(b)
+    manifest = json.loads((a / "manifest.json").read_text())
+    assert manifest["kind"] == "feature" and manifest["heldout_agreement"] > manifest["heldout_agreement_untrained"]
+    assert 0.0 <= manifest["heldout_agreement_second_token"] <= 1.0
+    d = load_model_drafter("chat-feature", a, dtype="fp32", max_slots=2, max_context=128)
+    assert isinstance(d, FeatureDrafter) and float(d.fc.abs().sum()) > 0  # fc learnt to read the features
