@@ -39,7 +39,7 @@ def with_features(engine, samples, batch=8):
                               logit_rows=[[len(s.ids) - 1] for s in chunk], return_hidden=True)
         row = 0
         for s in chunk:
-            out.append(Sample(s.ids, s.mask, s.top_ids, s.top_p, f[row: row + len(s.ids)].clone()))
+            out.append(replace(s, feats=f[row: row + len(s.ids)].clone()))
             row += len(s.ids)
         print(f"[ab] features {min(i + batch, len(samples))}/{len(samples)}", flush=True)
     return out
@@ -63,7 +63,7 @@ def main(argv=None) -> None:
     train_set, held = ([Sample(**d) for d in torch.load(f)] for f in files)
     random.Random(0).shuffle(train_set)
     header = assistant_header(a.target)
-    held = [Sample(s.ids, answer_mask(s, header), s.top_ids, s.top_p) for s in held]
+    held = [replace(s, mask=answer_mask(s, header)) for s in held]
     engine = TorchLlama(a.target, dtype="bf16", max_slots=8, max_context=512)
     train_set, held = with_features(engine, train_set[: a.samples]), with_features(engine, held)
     cfg = json.loads((a.target / "config.json").read_text())

@@ -195,6 +195,11 @@ def feature_batch_loss(student: FeatureStudent, batch: List[Sample]):
     return feature_losses(student, ids, collate_features(batch), mask, top_ids, top_p)
 
 
+def _summed(total, counts):
+    """Element-wise running sum of per-batch agreement counts (None: nothing yet)."""
+    return counts if total is None else [x + y for x, y in zip(total, counts)]
+
+
 @torch.no_grad()
 def agreement(student, samples: List[Sample], batch_loss=token_batch_loss, batch: int = 8) -> List[float]:
     """Fraction of labelled positions where the student's greedy token equals the target's
@@ -203,8 +208,7 @@ def agreement(student, samples: List[Sample], batch_loss=token_batch_loss, batch
     for i in range(0, len(samples), batch):
         with train_precision():
             _, a, n = batch_loss(student, samples[i: i + batch])
-        agree = a if agree is None else [x + y for x, y in zip(agree, a)]
-        total += n
+        agree, total = _summed(agree, a), total + n
     return [x / max(1, total) for x in agree]
 
 
@@ -244,7 +248,7 @@ def train(student, data: List[Sample], p: Preset, seed: int, steps: int, batch_l
         opt.step()
         sched.step()
         losses.append(loss.item())
-        agree, seen = (a if agree is None else [x + y for x, y in zip(agree, a)]), seen + n
+        agree, seen = _summed(agree, a), seen + n
         if (step + 1) % 25 == 0 or step + 1 == steps:
             log(f"step {step + 1}/{steps} loss {sum(losses[-25:]) / len(losses[-25:]):.3f} "
                 f"train agreement {'/'.join(f'{x / max(1, seen):.3f}' for x in agree)}")
@@ -288,7 +292,7 @@ def build(domain: str, preset: str, seed: int, target_ckpt: Path, out_root: Path
         held_answers = labels(domain, "heldout-answers", p, seed, target_ckpt, cache, preset, features)
     if domain == "chat":  # agreement where drafting happens: the answers
         header = assistant_header(target_ckpt)
-        held = [Sample(s.ids, answer_mask(s, header), s.top_ids, s.top_p, s.feats) for s in held]
+        held = [replace(s, mask=answer_mask(s, header)) for s in held]
     t_label = time.monotonic() - t0
 
     from safetensors.torch import load_file

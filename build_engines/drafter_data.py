@@ -27,7 +27,7 @@ import subprocess
 import sys
 import sysconfig
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, List, Optional
 
@@ -292,7 +292,7 @@ def build_labels(domain: str, teacher, tokenizer, *, split: str, n: int, seed: i
             header = assistant_header_ids(tokenizer)
             forced = chat_answer_ids(tokenizer, turns, teacher_forced, window, window + max_new, seed)
             forced = label_windows(teacher, forced, k, min(batch, 8), progress, features)  # [rows, vocab]: 8 at a time
-            samples += [Sample(s.ids, answer_mask(s, header), s.top_ids, s.top_p, s.feats) for s in forced]
+            samples += [replace(s, mask=answer_mask(s, header)) for s in forced]
         return samples
     raise ValueError(f"unknown domain {domain!r}; known: {', '.join(DOMAINS)}")
 

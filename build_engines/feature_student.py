@@ -31,9 +31,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from backend.drafters.feature import FEATURE_FORMAT  # config.json "drafter_format": what the server loads
+
 from .student import LAYER_TENSORS, _rope, save_drafter
 
-FEATURE_FORMAT = "feature-drafter-1"  # config.json "drafter_format": the serving drafter checks it
 
 
 class FeatureStudent(nn.Module):

@@ -37,9 +37,13 @@ from .model import ModelDrafter
 FEATURE_FORMAT = "feature-drafter-1"
 
 
+def _config(path: Path) -> dict:
+    return json.loads((path / "config.json").read_text())
+
+
 def is_feature_drafter(path: Path) -> bool:
     """Whether the artifact at `path` is a feature drafter (else a token drafter, ModelDrafter)."""
-    return json.loads((path / "config.json").read_text()).get("drafter_format") == FEATURE_FORMAT
+    return _config(path).get("drafter_format") == FEATURE_FORMAT
 
 
 def load_model_drafter(name: str, path: Path, **kwargs) -> ModelDrafter:
@@ -84,12 +88,12 @@ class FeatureDrafter(ModelDrafter):
         self.kv_bytes_per_token += self._engine.shape.hidden * self._engine.embed.element_size()
 
     def _load(self) -> None:
-        if not is_feature_drafter(self.checkpoint):
+        cfg = _config(self.checkpoint)
+        if cfg.get("drafter_format") != FEATURE_FORMAT:
             raise ValueError(f"{self.checkpoint} is not a feature drafter ({FEATURE_FORMAT})")
         with safe_open(str(self.checkpoint / "model.safetensors"), "pt") as f:
             fc = f.get_tensor("model.fc.weight")
-        scale = json.loads((self.checkpoint / "config.json").read_text())["feature_scale"]
-        self.fc = (fc.float().t() * scale).to(DTYPES[self._args["dtype"]]).contiguous()  # f @ self.fc = fc (s f)
+        self.fc = (fc.float().t() * cfg["feature_scale"]).to(DTYPES[self._args["dtype"]]).contiguous()  # f @ self.fc = fc (s f)
         super()._load()  # last: it signals residency
 
     def _resident_weight_bytes(self) -> int:
@@ -144,6 +148,7 @@ class FeatureDrafter(ModelDrafter):
 
     def _next(self, slots: List[int], starts: List[int], tokens: List[int], carry: list):
         """Feed each drafted token with the drafter's own output o of the position before."""
-        embeds = [self._inputs([t], o.view(1, -1)) for t, o in zip(tokens, carry)]
-        lg, o = self._engine.forward(slots, starts, [[t] for t in tokens], return_hidden=True, embeds=embeds)
+        z = self._inputs(tokens, torch.stack(carry))
+        lg, o = self._engine.forward(slots, starts, [[t] for t in tokens], return_hidden=True,
+                                     embeds=[z[i: i + 1] for i in range(len(tokens))])
         return lg, list(o)
