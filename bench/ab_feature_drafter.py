@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -23,11 +22,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-from build_engines.distill_drafter import (PRESETS, Sample, agreement, answer_mask, assistant_header,  # noqa: E402
-                                           feature_batch_loss, label_cache, replace, train)
+from ab_data import TARGET, chat_ab_data  # noqa: E402
+from build_engines.distill_drafter import agreement, feature_batch_loss, replace, train  # noqa: E402
 from build_engines.feature_student import FeatureStudent  # noqa: E402
-from build_engines.student import draft_vocabulary  # noqa: E402
 
 
 def with_features(engine, samples, batch=8):
@@ -49,26 +48,13 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, default=400)
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--target", type=Path, default=ROOT / ".cache/models/smollm2-135m-instruct")
+    ap.add_argument("--target", type=Path, default=TARGET)
     ap.add_argument("--train-labels", type=Path, help="a cached chat label file (default: the full preset's)")
     a = ap.parse_args(argv)
-    from safetensors.torch import load_file
-
     from backend.engines.torch_llama import TorchLlama
-    p = replace(PRESETS["full"], steps=a.steps, chat_steps=a.steps)
-    cache = ROOT / ".cache" / "distill"
-    files = [a.train_labels or label_cache(cache, "chat", "train", "full", 0), label_cache(cache, "chat", "heldout", "full", 0)]
-    if not all(f.exists() for f in files):
-        sys.exit(f"missing {files}: build the chat drafter first (python -m build_engines.distill_drafter --domain chat)")
-    train_set, held = ([Sample(**d) for d in torch.load(f)] for f in files)
-    random.Random(0).shuffle(train_set)
-    header = assistant_header(a.target)
-    held = [replace(s, mask=answer_mask(s, header)) for s in held]
+    p, train_set, held, cfg, weights, vocab = chat_ab_data(a.train_labels, a.samples, a.steps, a.target)
     engine = TorchLlama(a.target, dtype="bf16", max_slots=8, max_context=512)
-    train_set, held = with_features(engine, train_set[: a.samples]), with_features(engine, held)
-    cfg = json.loads((a.target / "config.json").read_text())
-    weights = {k.removeprefix("model."): v for k, v in load_file(str(a.target / "model.safetensors")).items()}
-    vocab = draft_vocabulary(train_set, p.draft_vocab, always=[cfg.get("eos_token_id", 2)])
+    train_set, held = with_features(engine, train_set), with_features(engine, held)
     results = {}
     for arm in ("token", "feature"):
         torch.manual_seed(0)

@@ -251,11 +251,25 @@ class Composite(Policy):
         return Decision(arms=arms, memory_actions=tuple(actions))
 
     def _choose(self, ctx: StepContext, ctx_len: float, usable, info):
-        c, b = self.cfg, ctx.batch_size
-        bucket = bucket_of(b)
-        a_glob = {d: self._glob_alpha(d) for d in usable}
         self._fresh = {}
-        seqs, stats = ctx.sequences, self.seq
+        is_model = self._is_model = {d: info[d].is_model for d in usable}
+        picks = self._picks(ctx, usable)
+        plan = self._plan_for(ctx, ctx_len, *picks)
+        free = [d for d in usable if not is_model[d]]
+        if free and not plan[1] and any(is_model[d] for d in picks[2]):
+            # Picks go by optimistic alpha, blind to cost: a model drafter can win them and
+            # still not pay (its draft steps, or a catch-up that grows while it is unused),
+            # which left sequences at gamma 0 step after step. The model-free ones may pay.
+            # (Preferring the cheaper plan whenever it is worth more would never let a
+            # model drafter be tried: at equal prior alpha the model-free plan costs less.)
+            plan = self._plan_for(ctx, ctx_len, *self._picks(ctx, free))
+        n_model, arms, catch_up, self._plan, self._plan_drafter = plan
+        return arms, n_model, catch_up
+
+    def _picks(self, ctx: StepContext, usable):
+        """Per sequence (drafter, alpha) -> (drafters, alphas, distinct drafters)."""
+        b, seqs, stats = ctx.batch_size, ctx.sequences, self.seq
+        a_glob = {d: self._glob_alpha(d) for d in usable}
         if stats and any(v.seq_id in stats for v in seqs):
             picks = [self._drafter_for(v, usable, a_glob) for v in seqs]
         else:  # no sequence has evidence of its own: one answer per last-used drafter
@@ -263,11 +277,16 @@ class Composite(Policy):
             picks = [fresh[v.last_drafter] for v in seqs] if len(fresh) > 1 else None
         if picks is None:  # one (drafter, alpha) for the whole batch: no per-sequence lists to build
             ((d, a),) = fresh.values()
-            drafters, alphas, names = [d] * b, [a] * b, (d,)
-        else:
-            drafters, alphas = [p[0] for p in picks], [p[1] for p in picks]
-            names = set(drafters)
-        is_model = self._is_model = {d: info[d].is_model for d in usable}
+            return [d] * b, [a] * b, (d,)
+        drafters = [p[0] for p in picks]
+        return drafters, [p[1] for p in picks], set(drafters)
+
+    def _plan_for(self, ctx: StepContext, ctx_len: float, drafters, alphas, names):
+        """-> (n_model, arms, catch-up, plan, plan drafters): gamma (by goodput with
+        optimism) and the sequences that draft, for these drafter picks."""
+        c, b, seqs = self.cfg, ctx.batch_size, ctx.sequences
+        bucket = bucket_of(b)
+        is_model = self._is_model
         if len(names) == 1:  # one drafter for the whole batch (the usual case)
             (d,) = names
             model = [is_model[d]] * b
@@ -297,7 +316,7 @@ class Composite(Policy):
                 best = (g, val, t, e)
         g, val, t_full, e_tot = best if best[1] >= 0 else fallback
         if g == 0:
-            return {}, 0, 0.0
+            return 0, {}, 0.0, None, {}
         # per-sequence elimination: drop low-alpha sequences while goodput rises
         keep = {v.seq_id for v in seqs}
         n_tok = b * (g + 1)
@@ -320,10 +339,10 @@ class Composite(Policy):
                 g, e_tot, n_tok = c.gamma_max, expected_tokens(a1, c.gamma_max), 1 + c.gamma_max
         arm = self._arm
         arms = {v.seq_id: arm(d, g) for v, d in zip(seqs, drafters) if v.seq_id in keep}
-        self._plan = (b, ctx_len, n_model, amortised * (n_model > 0), g, e_tot, n_tok,
-                      {v.seq_id: a for v, a in zip(seqs, alphas) if v.seq_id in keep})
-        self._plan_drafter = {v.seq_id: d for v, d in zip(seqs, drafters) if v.seq_id in keep}
-        return arms, n_model, (catch_up if n_model else 0.0)
+        plan = (b, ctx_len, n_model, amortised * (n_model > 0), g, e_tot, n_tok,
+                {v.seq_id: a for v, a in zip(seqs, alphas) if v.seq_id in keep})
+        plan_drafter = {v.seq_id: d for v, d in zip(seqs, drafters) if v.seq_id in keep}
+        return n_model, arms, (catch_up if n_model else 0.0), plan, plan_drafter
 
     def continue_drafting(self, ctx: StepContext, seq_id: int, confidences: list) -> bool:
         """Between a model drafter's sub-steps (AdaSpec's predict-execute-correct with our

@@ -7,7 +7,8 @@ with the digest recorded from the straightforward implementation before the spee
 
 Changed on purpose (and re-recorded): nightjar's default loss average (per emitted
 token; the old per-step mean is kept as loss_average="step" and still matches its
-old digest) and the composite policy (drafting stop rule, see policy/composite.py).
+old digest) and the composite policy (drafting stop rule; then the fallback from
+a model drafter's gamma-0 plan to the model-free drafters', see policy/composite.py).
 
 Regenerate (only when a policy's behaviour is changed on purpose):
     .venv/bin/python tests/policy/test_decisions_unchanged.py
@@ -45,7 +46,7 @@ CASES = {
 EXPECTED = {
     'adaspec': 'f0e224586055f035',
     'banditspec': '7f49a58942dbf6fc',
-    'composite': '7e538ba1476e59e2',
+    'composite': '3d3abf1928ec73eb',
     'dsde': '055ebe09bf4d2420',
     'dsde-short': '69d527a073cf910e',
     'hf_heuristic': 'a1ce8170d0c32a8b',

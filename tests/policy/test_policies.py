@@ -87,3 +87,18 @@ def test_composite_respects_kv_pressure_and_slo():
     assert q.decide(ctx(1, slo=1.0)).arm_for(0).gamma > 0
     assert q.decide(ctx(1, slo=0.045)).arms == {}  # a 42 ms decode fits, any model-draft step does not
     assert q.decide(ctx(1, slo=0.001)).arms == {}  # nothing fits: plain decoding
+
+
+def test_composite_falls_back_to_model_free_when_the_model_drafter_does_not_pay():
+    """The pick goes by alpha alone; when the picked model drafter's best plan is gamma 0
+    (here: a long catch-up), the model-free drafter drafts instead of nobody."""
+    from dataclasses import replace
+
+    p = make_policy("composite", drafters=["draft", "ngram"], rng=random.Random(0))
+    c = ctx(1)
+    assert p.decide(c).arm_for(0).drafter == "draft"  # nothing to catch up: the model drafter is tried
+    behind = replace(c, sequences=[replace(c.sequences[0], uncaught_tokens={"draft": 100_000})])
+    arm = p.decide(behind).arm_for(0)
+    assert arm.drafter == "ngram" and arm.gamma > 0
+    only_model = make_policy("composite", drafters=["draft"], rng=random.Random(0))
+    assert only_model.decide(behind).arms == {}  # no model-free drafter to fall back to: plain decoding
