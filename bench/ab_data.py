@@ -36,3 +36,12 @@ def chat_ab_data(train_labels: Path | None, samples: int, steps: int, target: Pa
     train_set = train_set[:samples]
     vocab = draft_vocabulary(train_set, p.draft_vocab, always=[cfg.get("eos_token_id", 2)])
     return p, train_set, held, cfg, weights, vocab
+
+
+def parse_ab_args(ap, argv=None):
+    """Parse `argv` with the A/B scripts' common options added to `ap`."""
+    ap.add_argument("--samples", type=int, default=400)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--target", type=Path, default=TARGET)
+    ap.add_argument("--train-labels", type=Path, help="a cached chat label file (default: the full preset's)")
+    return ap.parse_args(argv)

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from ab_data import TARGET, chat_ab_data  # noqa: E402
+from ab_data import chat_ab_data, parse_ab_args  # noqa: E402
 from build_engines.distill_drafter import agreement, feature_batch_loss, replace, train  # noqa: E402
 from build_engines.feature_student import FeatureStudent  # noqa: E402
 
@@ -46,11 +46,7 @@ def with_features(engine, samples, batch=8):
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--samples", type=int, default=400)
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--target", type=Path, default=TARGET)
-    ap.add_argument("--train-labels", type=Path, help="a cached chat label file (default: the full preset's)")
-    a = ap.parse_args(argv)
+    a = parse_ab_args(ap, argv)
     from backend.engines.torch_llama import TorchLlama
     p, train_set, held, cfg, weights, vocab = chat_ab_data(a.train_labels, a.samples, a.steps, a.target)
     engine = TorchLlama(a.target, dtype="bf16", max_slots=8, max_context=512)

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from ab_data import TARGET, chat_ab_data  # noqa: E402
+from ab_data import chat_ab_data, parse_ab_args  # noqa: E402
 from build_engines.distill_drafter import agreement, train  # noqa: E402
 from build_engines.student import LAYER_TENSORS, StudentLlama  # noqa: E402
 
@@ -40,11 +40,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arms", nargs="+", default=["0,1,2,3", "0,1,2,29", "0,1,2,3,4,5"],
                     help="comma-separated target layer indices per arm")
-    ap.add_argument("--samples", type=int, default=400)
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--target", type=Path, default=TARGET)
-    ap.add_argument("--train-labels", type=Path, help="a cached chat label file (default: the full preset's)")
-    a = ap.parse_args(argv)
+    a = parse_ab_args(ap, argv)
     p, train_set, held, cfg, weights, vocab = chat_ab_data(a.train_labels, a.samples, a.steps, a.target)
     results = {}
     for arm in a.arms:
