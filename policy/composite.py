@@ -262,7 +262,10 @@ class Composite(Policy):
             # which left sequences at gamma 0 step after step. The model-free ones may pay.
             # (Preferring the cheaper plan whenever it is worth more would never let a
             # model drafter be tried: at equal prior alpha the model-free plan costs less.)
-            plan = self._plan_for(ctx, ctx_len, *self._picks(ctx, free))
+            # One pick for the whole batch by global alpha: per-sequence picks made this
+            # fallback cost 4x the decision at B = 64 (bench/policy_bench.py), this 2x.
+            d, a = self._fresh_pick(None, free, {d: self._glob_alpha(d) for d in free})
+            plan = self._plan_for(ctx, ctx_len, [d] * ctx.batch_size, [a] * ctx.batch_size, (d,))
         n_model, arms, catch_up, self._plan, self._plan_drafter = plan
         return arms, n_model, catch_up
 

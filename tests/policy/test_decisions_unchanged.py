@@ -46,7 +46,7 @@ CASES = {
 EXPECTED = {
     'adaspec': 'f0e224586055f035',
     'banditspec': '7f49a58942dbf6fc',
-    'composite': '3d3abf1928ec73eb',
+    'composite': 'e3f86fcf93b903b5',
     'dsde': '055ebe09bf4d2420',
     'dsde-short': '69d527a073cf910e',
     'hf_heuristic': 'a1ce8170d0c32a8b',
