@@ -11,9 +11,12 @@ decomposed into the two things that generalise across arms:
 * step time T(B, kind, gamma): the offline profile (AdaSpec's tables, CPU-shaped
   default) corrected online by a discounted ratio observed/profiled per
   (batch-size bucket, drafter kind, gamma) — nearest observed gamma for unseen ones.
-Each step, per sequence, the drafter with the best alpha (hysteresis margin
-against flapping; a model drafter that must catch up pays C_switch amortised
-over `switch_amortise_steps`), then gamma = argmax over 0..gamma_max of
+Each step, per sequence, the drafter with the best optimistic alpha (hysteresis
+margin against flapping); where that is a model drafter, the plan below is also
+made with the best model-free drafters instead, and the plan worth more is played
+(the model one at its optimistic goodput, so it gets tried; its draft steps and
+the catch-up C_switch, amortised over `switch_amortise_steps`, priced). Plan:
+gamma = argmax over 0..gamma_max of
   G(gamma) = sum_i E(alpha_i, gamma) / T(gamma) * (1 + c / sqrt(1 + n_{bucket,gamma}))
 (optimism decaying with counts; gamma = 0 when no arm beats plain decoding),
 subject to the TPOT SLO as in AdaSpec: predicted step time <= tpot_slo_s (a step may
@@ -44,7 +47,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -55,6 +58,28 @@ from .params import in_range, require
 from .profiles import StepTimeProfile, SwitchCostTable
 from .rewards import acceptance_trials
 from .types import Arm, Decision, StepContext, StepOutcome
+
+
+class _DraftState(NamedTuple):
+    """This step's plan, as `continue_drafting` and `observe` read it."""
+    batch: int
+    ctx_len: float
+    n_model: int
+    amortised: float  # catch-up cost per step, when a model drafter drafts
+    gamma: int
+    expected: float  # expected emitted tokens of the whole batch
+    n_tokens: int  # tokens the target verifies
+    alphas: Dict[int, float]  # drafting sequences -> alpha
+
+
+class _Plan(NamedTuple):
+    """A candidate plan for the batch (`Composite._plan_for`)."""
+    n_model: int
+    arms: Dict[int, Arm]
+    catch_up: float
+    state: Optional[_DraftState]
+    drafters: Dict[int, str]  # drafting sequences -> drafter
+    index: float  # its goodput (optimistic for a model plan), to choose between plans
 
 
 def shrunk_rate(s: float, n: float, prior: float, strength: float) -> float:
@@ -120,10 +145,11 @@ class Composite(Policy):
         self.memory = ElasticMemory(c.tau_low_frac, c.t_persist)
         self._prior_cache: Dict[tuple, float] = {}
         self._pending: Optional[tuple] = None  # (bucket, kind, gamma, profiled time, catch-up, B, ctx, n_model)
-        self._plan: Optional[tuple] = None  # this step's plan, for continue_drafting
+        self._plan: Optional[_DraftState] = None  # this step's plan, for continue_drafting
         self._plan_drafter: Dict[int, str] = {}
         self._is_model: Dict[str, bool] = {}
-        self._fresh: Dict[tuple, Tuple[str, float]] = {}  # per step: pick of sequences without own evidence
+        self._fresh: Dict[tuple, Tuple[str, float, float]] = {}  # per step: pick of sequences without own evidence
+        self._rows: Dict[tuple, list] = {}  # per step: `_time_row`s
         self._arms: Dict[tuple, Arm] = {}
         self._corr_cache: Dict[tuple, Dict[int, tuple]] = {}  # (bucket, kind) -> {gamma: (correction, source)}
         self._by_kind: Dict[tuple, Dict[int, list]] = {}  # (bucket, kind) -> {gamma: self.ratio entry}
@@ -140,10 +166,11 @@ class Composite(Policy):
         s = self.seq.get(seq_id, {}).get(drafter)
         return a_glob if s is None else shrunk_rate(s[0], s[1], a_glob, self.cfg.shrink)
 
-    def _drafter_for(self, v, usable, a_glob: Dict[str, float]) -> Tuple[str, float]:
-        """Per-sequence drafter: optimistic alpha + explore / sqrt(1 + n_i,d), with a
-        hysteresis margin before leaving the drafter the sequence used last.
-        `a_glob`: this step's global alpha per drafter (computed once per step)."""
+    def _drafter_for(self, v, usable, a_glob: Dict[str, float]) -> Tuple[str, float, float]:
+        """Per-sequence drafter -> (drafter, alpha, optimistic alpha): the best optimistic
+        alpha + explore / sqrt(1 + n_i,d), with a hysteresis margin before leaving the
+        drafter the sequence used last. `a_glob`: this step's global alpha per drafter
+        (computed once per step)."""
         per = self.seq.get(v.seq_id)
         if not per:  # no evidence of its own yet: the same answer as every such sequence
             return self._fresh_pick(v.last_drafter, usable, a_glob)
@@ -158,14 +185,14 @@ class Composite(Policy):
                 alpha[d] = shrunk_rate(st[0], st[1], a_glob[d], m)
                 opt[d] = alpha[d] + explore / math.sqrt(1.0 + st[1])
         if len(usable) == 1:
-            return usable[0], alpha[usable[0]]
+            return usable[0], alpha[usable[0]], opt[usable[0]]
         best = max(usable, key=opt.__getitem__)
         if v.last_drafter in usable and v.last_drafter != best:
             if opt[best] - opt[v.last_drafter] < self.cfg.switch_margin:
                 best = v.last_drafter
-        return best, alpha[best]
+        return best, alpha[best], opt[best]
 
-    def _fresh_pick(self, last: Optional[str], usable, a_glob) -> Tuple[str, float]:
+    def _fresh_pick(self, last: Optional[str], usable, a_glob) -> Tuple[str, float, float]:
         """`_drafter_for` of a sequence without per-sequence evidence, memoised per step."""
         key = (last, tuple(usable))
         hit = self._fresh.get(key)
@@ -175,7 +202,7 @@ class Composite(Policy):
             best = usable[0] if len(usable) == 1 else max(usable, key=opt.__getitem__)
             if len(usable) > 1 and last in usable and last != best and opt[best] - opt[last] < self.cfg.switch_margin:
                 best = last
-            hit = self._fresh[key] = (best, a_glob[best])
+            hit = self._fresh[key] = (best, a_glob[best], opt[best])
         return hit
 
     # -- step time --------------------------------------------------------------
@@ -227,6 +254,16 @@ class Composite(Policy):
         return (self._profiled(batch, ctx_len, n_tokens, gamma, n_model)
                 * self._correction(bucket_of(batch), kind, gamma))
 
+    def _time_row(self, batch: int, ctx_len: float, k: int, n_model: int) -> list:
+        """[step_time with k of the batch's sequences drafting g tokens, for g in 0..gamma_max],
+        memoised for the step: the model plan and its optimistic goodput read the same row."""
+        key = (k, n_model)
+        row = self._rows.get(key)
+        if row is None:
+            row = self._rows[key] = [self.step_time(batch, ctx_len, batch + k * g, g, n_model)
+                                     for g in range(self.cfg.gamma_max + 1)]
+        return row
+
     # -- decision ---------------------------------------------------------------
     def decide(self, ctx: StepContext) -> Decision:
         c, b = self.cfg, ctx.batch_size
@@ -251,26 +288,31 @@ class Composite(Policy):
         return Decision(arms=arms, memory_actions=tuple(actions))
 
     def _choose(self, ctx: StepContext, ctx_len: float, usable, info):
-        self._fresh = {}
+        """The joint (drafter, gamma) pick, cost-aware. Each sequence's drafter goes by
+        optimistic alpha; when that picks a model drafter for some sequence and model-free
+        drafters exist, the same picks with each model drafter replaced by the sequence's
+        best model-free one are planned too, and the plan worth more is played: the
+        model-free plan at its expected goodput against the model plan at its optimistic
+        goodput (draft steps and catch-up priced). Comparing expected goodputs alone would
+        never try a model drafter (at equal alphas the model-free plan costs less); the
+        optimism, which shrinks as the sequence plays the drafter, is what explores it."""
+        self._fresh, self._rows = {}, {}
         is_model = self._is_model = {d: info[d].is_model for d in usable}
-        picks = self._picks(ctx, usable)
-        plan = self._plan_for(ctx, ctx_len, *picks)
         free = [d for d in usable if not is_model[d]]
-        if free and not plan[1] and any(is_model[d] for d in picks[2]):
-            # Picks go by optimistic alpha, blind to cost: a model drafter can win them and
-            # still not pay (its draft steps, or a catch-up that grows while it is unused),
-            # which left sequences at gamma 0 step after step. The model-free ones may pay.
-            # (Preferring the cheaper plan whenever it is worth more would never let a
-            # model drafter be tried: at equal prior alpha the model-free plan costs less.)
-            # One pick for the whole batch by global alpha: per-sequence picks made this
-            # fallback cost 4x the decision at B = 64 (bench/policy_bench.py), this 2x.
-            d, a = self._fresh_pick(None, free, {d: self._glob_alpha(d) for d in free})
-            plan = self._plan_for(ctx, ctx_len, [d] * ctx.batch_size, [a] * ctx.batch_size, (d,))
-        n_model, arms, catch_up, self._plan, self._plan_drafter = plan
-        return arms, n_model, catch_up
+        picks = self._picks(ctx, usable)
+        if not free or not any(is_model[d] for d in picks[3]):
+            plan = self._plan_for(ctx, ctx_len, *picks, explore_model=False)
+        else:
+            plan = self._plan_for(ctx, ctx_len, *picks, explore_model=True)
+            alt = self._plan_for(ctx, ctx_len, *self._model_free(ctx, picks, free), explore_model=False)
+            if alt.index > plan.index:
+                plan = alt
+        self._plan, self._plan_drafter = plan.state, plan.drafters
+        return plan.arms, plan.n_model, plan.catch_up
 
     def _picks(self, ctx: StepContext, usable):
-        """Per sequence (drafter, alpha) -> (drafters, alphas, distinct drafters)."""
+        """Per sequence (drafter, alpha, optimistic alpha) -> (drafters, alphas, optimistic
+        alphas, distinct drafters)."""
         b, seqs, stats = ctx.batch_size, ctx.sequences, self.seq
         a_glob = {d: self._glob_alpha(d) for d in usable}
         if stats and any(v.seq_id in stats for v in seqs):
@@ -278,15 +320,29 @@ class Composite(Policy):
         else:  # no sequence has evidence of its own: one answer per last-used drafter
             fresh = {last: self._fresh_pick(last, usable, a_glob) for last in {v.last_drafter for v in seqs}}
             picks = [fresh[v.last_drafter] for v in seqs] if len(fresh) > 1 else None
-        if picks is None:  # one (drafter, alpha) for the whole batch: no per-sequence lists to build
-            ((d, a),) = fresh.values()
-            return [d] * b, [a] * b, (d,)
+        if picks is None:  # one pick for the whole batch: no per-sequence lists to build
+            ((d, a, o),) = fresh.values()
+            return [d] * b, [a] * b, [o] * b, (d,)
         drafters = [p[0] for p in picks]
-        return drafters, [p[1] for p in picks], set(drafters)
+        return drafters, [p[1] for p in picks], [p[2] for p in picks], set(drafters)
 
-    def _plan_for(self, ctx: StepContext, ctx_len: float, drafters, alphas, names):
-        """-> (n_model, arms, catch-up, plan, plan drafters): gamma (by goodput with
-        optimism) and the sequences that draft, for these drafter picks."""
+    def _model_free(self, ctx: StepContext, picks, free):
+        """`picks` with each model-drafter pick replaced by the sequence's best model-free
+        drafter: the same as picking among the model-free drafters only (a model-free pick
+        already is the best of them, hysteresis included), without redoing those."""
+        drafters, alphas, opts, _ = picks
+        is_model = self._is_model
+        a_glob = {d: self._glob_alpha(d) for d in free}
+        out = [self._drafter_for(v, free, a_glob) if is_model[d] else (d, a, o)
+               for v, d, a, o in zip(ctx.sequences, drafters, alphas, opts)]
+        new = [p[0] for p in out]
+        return new, [p[1] for p in out], [p[2] for p in out], set(new)
+
+    def _plan_for(self, ctx: StepContext, ctx_len: float, drafters, alphas, opts, names,
+                  explore_model: bool) -> _Plan:
+        """gamma (by goodput with optimism on gamma) and the sequences that draft, for
+        these drafter picks; `_Plan.index` is the plan's expected goodput, or with
+        `explore_model` its optimistic one (`_optimistic_goodput`)."""
         c, b, seqs = self.cfg, ctx.batch_size, ctx.sequences
         bucket = bucket_of(b)
         is_model = self._is_model
@@ -309,8 +365,9 @@ class Composite(Policy):
         if slo is not None and t0 > slo:
             best = (0, -1.0, t0, float(b))
         e_sum = self._expected_sums(alphas, c.gamma_max)  # [g] sum_i E(alpha_i, g)
+        times = self._time_row(b, ctx_len, b, n_model)
         for g in range(1, c.gamma_max + 1):
-            t = self.step_time(b, ctx_len, b * (g + 1), g, n_model) + amortised
+            t = times[g] + amortised
             e = e_sum[g]
             if slo is not None and t > slo:
                 continue
@@ -319,7 +376,7 @@ class Composite(Policy):
                 best = (g, val, t, e)
         g, val, t_full, e_tot = best if best[1] >= 0 else fallback
         if g == 0:
-            return 0, {}, 0.0, None, {}
+            return _Plan(0, {}, 0.0, None, {}, b / t0)
         # per-sequence elimination: drop low-alpha sequences while goodput rises
         keep = {v.seq_id for v in seqs}
         n_tok = b * (g + 1)
@@ -333,6 +390,9 @@ class Composite(Policy):
             e_tot, t_full, n_tok, n_model = e_new, t_new, n_tok - g, n_m
             if not keep:
                 break
+        index = e_tot / t_full
+        if explore_model and n_model:
+            index = self._optimistic_goodput(ctx, ctx_len, drafters, alphas, opts, keep, n_model, amortised)
         if b == 1 and n_model and c.dynamic_depth:
             # a lone model-drafted sequence: draft up to gamma_max and let continue_drafting
             # stop on the real confidences (a longer plan costs nothing if it stops early)
@@ -342,10 +402,27 @@ class Composite(Policy):
                 g, e_tot, n_tok = c.gamma_max, expected_tokens(a1, c.gamma_max), 1 + c.gamma_max
         arm = self._arm
         arms = {v.seq_id: arm(d, g) for v, d in zip(seqs, drafters) if v.seq_id in keep}
-        plan = (b, ctx_len, n_model, amortised * (n_model > 0), g, e_tot, n_tok,
-                {v.seq_id: a for v, a in zip(seqs, alphas) if v.seq_id in keep})
+        state = _DraftState(b, ctx_len, n_model, amortised * (n_model > 0), g, e_tot, n_tok,
+                            {v.seq_id: a for v, a in zip(seqs, alphas) if v.seq_id in keep})
         plan_drafter = {v.seq_id: d for v, d in zip(seqs, drafters) if v.seq_id in keep}
-        return n_model, arms, (catch_up if n_model else 0.0), plan, plan_drafter
+        return _Plan(n_model, arms, catch_up if n_model else 0.0, state, plan_drafter, index)
+
+    def _optimistic_goodput(self, ctx, ctx_len, drafters, alphas, opts, keep, n_model, amortised) -> float:
+        """Best goodput over gamma of a plan's drafting sequences with its model-drafted ones
+        at their optimistic alphas: the index a plan with a model drafter competes with
+        (a model drafter costs draft steps and a catch-up; at its expected alpha it would
+        never be tried where a model-free drafter pays at the prior)."""
+        b, is_model = ctx.batch_size, self._is_model
+        kept = [min(o, 0.99) if is_model[d] else a
+                for v, d, a, o in zip(ctx.sequences, drafters, alphas, opts) if v.seq_id in keep]
+        k, slo = len(kept), ctx.tpot_slo_s
+        e_sum = self._expected_sums(kept, self.cfg.gamma_max)
+        best, times = 0.0, self._time_row(b, ctx_len, k, n_model)
+        for g in range(1, self.cfg.gamma_max + 1):
+            t = times[g] + amortised
+            if slo is None or t <= slo:
+                best = max(best, (e_sum[g] + b - k) / t)
+        return best
 
     def continue_drafting(self, ctx: StepContext, seq_id: int, confidences: list) -> bool:
         """Between a model drafter's sub-steps (AdaSpec's predict-execute-correct with our
@@ -356,7 +433,7 @@ class Composite(Policy):
         goodput, E(s+1)/T(s+1) > E(s)/T(s), up to the planned gamma."""
         plan = self._plan
         s = len(confidences)
-        if plan is None or seq_id not in plan[7]:
+        if plan is None or seq_id not in plan.alphas:
             return True
         b, ctx_len, n_model, amortised, g, e_tot, n_tok, alphas = plan
         if s >= g:
@@ -449,7 +526,7 @@ class Composite(Policy):
         short draft is its own confidence stop (continue_drafting), not a failure."""
         if self._plan is None:
             return {}
-        g = self._plan[4]
+        g = self._plan.gamma
         return {sid: g for sid, d in self._plan_drafter.items() if not self._is_model.get(d, False)}
 
     def on_request_end(self, seq_id: int) -> None:

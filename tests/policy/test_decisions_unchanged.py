@@ -8,7 +8,8 @@ with the digest recorded from the straightforward implementation before the spee
 Changed on purpose (and re-recorded): nightjar's default loss average (per emitted
 token; the old per-step mean is kept as loss_average="step" and still matches its
 old digest) and the composite policy (drafting stop rule; then the fallback from
-a model drafter's gamma-0 plan to the model-free drafters', see policy/composite.py).
+a model drafter's gamma-0 plan to the model-free drafters'; then the cost-aware
+choice between the model and the model-free plan, see policy/composite.py: _choose).
 
 Regenerate (only when a policy's behaviour is changed on purpose):
     .venv/bin/python tests/policy/test_decisions_unchanged.py
@@ -46,7 +47,7 @@ CASES = {
 EXPECTED = {
     'adaspec': 'f0e224586055f035',
     'banditspec': '7f49a58942dbf6fc',
-    'composite': 'e3f86fcf93b903b5',
+    'composite': 'f57bf0d6b92c0ca7',
     'dsde': '055ebe09bf4d2420',
     'dsde-short': '69d527a073cf910e',
     'hf_heuristic': 'a1ce8170d0c32a8b',
@@ -115,12 +116,12 @@ def test_composite_fast_paths_match_the_straightforward_formulas():
                 st = self.seq.get(v.seq_id, {}).get(d)
                 return self.alpha(v.seq_id, d) + self.cfg.explore / math.sqrt(1.0 + (st[1] if st else 0.0))
             if len(usable) == 1:
-                return usable[0], self.alpha(v.seq_id, usable[0])
+                return usable[0], self.alpha(v.seq_id, usable[0]), optimistic(usable[0])
             best = max(usable, key=optimistic)
             if v.last_drafter in usable and v.last_drafter != best:
                 if optimistic(best) - optimistic(v.last_drafter) < self.cfg.switch_margin:
                     best = v.last_drafter
-            return best, self.alpha(v.seq_id, best)
+            return best, self.alpha(v.seq_id, best), optimistic(best)
 
         def _correction(self, bucket, kind, gamma):
             r = self.ratio.get((bucket, kind, gamma))

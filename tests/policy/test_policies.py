@@ -89,9 +89,9 @@ def test_composite_respects_kv_pressure_and_slo():
     assert q.decide(ctx(1, slo=0.001)).arms == {}  # nothing fits: plain decoding
 
 
-def test_composite_falls_back_to_model_free_when_the_model_drafter_does_not_pay():
-    """The pick goes by alpha alone; when the picked model drafter's best plan is gamma 0
-    (here: a long catch-up), the model-free drafter drafts instead of nobody."""
+def test_composite_drafts_model_free_when_the_model_drafter_does_not_pay():
+    """When the model drafter's best plan is gamma 0 (here: a long catch-up), the
+    model-free drafter drafts instead of nobody."""
     from dataclasses import replace
 
     p = make_policy("composite", drafters=["draft", "ngram"], rng=random.Random(0))
@@ -102,3 +102,18 @@ def test_composite_falls_back_to_model_free_when_the_model_drafter_does_not_pay(
     assert arm.drafter == "ngram" and arm.gamma > 0
     only_model = make_policy("composite", drafters=["draft"], rng=random.Random(0))
     assert only_model.decide(behind).arms == {}  # no model-free drafter to fall back to: plain decoding
+
+
+def test_composite_weighs_a_model_drafters_cost_against_its_acceptance():
+    """A model drafter that accepts a little more than n-gram lookup but costs draft steps
+    is not played once the evidence is in; a lone model drafter still is, as it pays."""
+    p = make_policy("composite", drafters=["draft", "ngram"], rng=random.Random(0))
+    for t in range(40):  # alpha: draft 0.6 (accepted 2 then 1 of 4), ngram 0.5 (1 of 4)
+        p.observe(outcome([seq(0, "draft", 4, 2 if t % 2 else 1)]))
+        p.observe(outcome([seq(0, "ngram", 4, 1)]))
+    assert p.alpha(0, "draft") > p.alpha(0, "ngram") + 0.05
+    assert p.decide(ctx(1)).arm_for(0).drafter == "ngram"
+    q = make_policy("composite", drafters=["draft"], rng=random.Random(0))
+    for t in range(40):
+        q.observe(outcome([seq(0, "draft", 4, 2 if t % 2 else 1)]))
+    assert q.decide(ctx(1)).arm_for(0).drafter == "draft"
