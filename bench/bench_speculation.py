@@ -200,13 +200,16 @@ def _steady_run(ports, requests, conc: int, max_tokens: int, window: float) -> d
 
 
 def part_b(max_tokens: int, concurrencies, window: float, model_drafters: bool = False,
-           repeated: bool = False) -> list:
+           repeated: bool = False, rounds: int = 1) -> list:
     """Arms: plain, static n-gram γ=4, the default composite and (model_drafters) the
     composite with the distilled code and chat drafters too (the requests then include
     code requests). Requests are all different (bench/prompts.py distinct_requests) unless
     `repeated`: the four fixed prompts over and over, where the suffix drafter's store of
     recent outputs holds every answer. Each (arm, concurrency) gets a fresh server and
-    the same request sequence, so no run drafts from another run's outputs."""
+    the same request sequence, so no run drafts from another run's outputs. With `rounds` > 1
+    the arms run round-robin that many times and each ratio is taken against plain decoding
+    of the same round (the host's speed drifts by 10-20% over minutes on shared machines);
+    the rows are then the per-(arm, concurrency) medians, with every round's ratio listed."""
     from backend.launcher import start_server
 
     if repeated:
@@ -220,7 +223,7 @@ def part_b(max_tokens: int, concurrencies, window: float, model_drafters: bool =
     if model_drafters:
         arms.append(("composite", {"drafters": MODEL_DRAFTERS}))
     rows = []
-    for policy, params in arms:
+    for rnd, (policy, params) in ((r, a) for r in range(rounds) for a in arms):
         label = arm_label(policy, params)
         # An empty SPECSERVE_POLICY_CONFIG clears config.pbtxt's default policy file.
         env = {"SPECSERVE_POLICY": policy, "SPECSERVE_POLICY_CONFIG": "", "SPECSERVE_MAX_BATCH": str(max(concurrencies))}
@@ -242,15 +245,29 @@ def part_b(max_tokens: int, concurrencies, window: float, model_drafters: bool =
             finally:
                 proc.terminate()
                 proc.wait(30)
-            rows.append(dict(row, arm=label))
-            log(f"  {label:10s} concurrency {conc:3d}: {row['tok_s']:7.1f} tok/s aggregate, mean batch "
+            rows.append(dict(row, arm=label, round=rnd))
+            log(f"  {label:10s} concurrency {conc:3d}{f' (round {rnd + 1}/{rounds})' if rounds > 1 else ''}: "
+                f"{row['tok_s']:7.1f} tok/s aggregate, mean batch "
                 f"{row['mean_batch']:.1f}, step {row['step_ms']:.1f} ms of which Triton I/O "
                 f"{row['io_ms_per_step']:.2f} ms, prefill {100 * row['prefill_share']:.0f}% of loop time, "
                 f"{row['requests']} requests finished in the window, mean latency {row['mean_latency_s']:.1f} s")
     for row in rows:
-        plain = next(r for r in rows if r["arm"] == "plain" and r["concurrency"] == row["concurrency"])
+        plain = next(r for r in rows if r["arm"] == "plain" and r["concurrency"] == row["concurrency"]
+                     and r["round"] == row["round"])
         row["ratio"] = row["tok_s"] / plain["tok_s"]
-    return rows
+    return rows if rounds == 1 else median_rows(rows)
+
+
+def median_rows(rows: list) -> list:
+    """Per (arm, concurrency): the median round's figures, the median ratio and every round's ratio."""
+    out = []
+    for key in dict.fromkeys((r["arm"], r["concurrency"]) for r in rows):
+        runs = sorted((r for r in rows if (r["arm"], r["concurrency"]) == key), key=lambda r: r["tok_s"])
+        ratios = [r["ratio"] for r in sorted(runs, key=lambda r: r["round"])]
+        out.append(dict(runs[len(runs) // 2], ratio=statistics.median(ratios), round_ratios=ratios))
+        log(f"  median of {len(runs)} rounds: {key[0]:10s} concurrency {key[1]:3d}: ratio to plain "
+            f"{statistics.median(ratios):.2f} (rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
+    return out
 
 
 def plot(a_rows, b_rows, path):
@@ -284,6 +301,8 @@ def plot_engine(ax, a_rows):
 
 
 def plot_server(ax, b_rows):
+    if "round_ratios" in b_rows[0]:
+        return plot_server_rounds(ax, b_rows)
     for arm in dict.fromkeys(r["arm"] for r in b_rows):
         pts = [(r["concurrency"], r["tok_s"]) for r in b_rows if r["arm"] == arm]
         ax.plot(*zip(*pts), marker="o", label=arm)
@@ -291,6 +310,25 @@ def plot_server(ax, b_rows):
     ax.set_xlabel("concurrent streams")
     ax.set_ylabel("aggregate output tokens/s")
     ax.set_title("Through Triton (gRPC streaming)")
+    ax.legend()
+
+
+def plot_server_rounds(ax, b_rows):
+    """Ratio to plain decoding per arm: the median as a bar, each round as a dot, per concurrency."""
+    arms = list(dict.fromkeys(r["arm"] for r in b_rows))
+    concs = list(dict.fromkeys(r["concurrency"] for r in b_rows))
+    width = 0.8 / len(concs)
+    for j, conc in enumerate(concs):
+        rows = [next(r for r in b_rows if r["arm"] == a and r["concurrency"] == conc) for a in arms]
+        xs = [i + j * width for i in range(len(arms))]
+        ax.bar(xs, [r["ratio"] for r in rows], width, label=f"{conc} stream{'s' * (conc > 1)} (median)")
+        for x, r in zip(xs, rows):
+            ax.plot([x] * len(r["round_ratios"]), r["round_ratios"], "k.")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks([i + width * (len(concs) - 1) / 2 for i in range(len(arms))])
+    ax.set_xticklabels(arms, rotation=15)
+    ax.set_ylabel("tokens/s ratio to plain decoding (same round)")
+    ax.set_title(f"Through Triton, {len(b_rows[0]['round_ratios'])} rounds (dots)")
     ax.legend()
 
 
@@ -303,6 +341,8 @@ def main(argv=None) -> int:
                     help="Part B: seconds of steady load measured per concurrency (after a ramp-up)")
     ap.add_argument("--repeated", action="store_true",
                     help="Part B sends four fixed prompts over and over instead of distinct requests")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="Part B: run the arms round-robin this many times; ratios against the same round's plain")
     ap.add_argument("--skip-server", action="store_true")
     ap.add_argument("--skip-engine", action="store_true", help="only Part B (through Triton)")
     ap.add_argument("--model-drafters", action="store_true",
@@ -317,7 +357,8 @@ def main(argv=None) -> int:
     if not args.skip_server:
         log(f"Part B: real Triton server, gRPC streaming, {args.max_tokens // 2} new tokens per request, "
             f"steady load measured over {args.window:.0f} s per concurrency")
-        b_rows = part_b(args.max_tokens // 2, args.concurrency, args.window, args.model_drafters, args.repeated)
+        b_rows = part_b(args.max_tokens // 2, args.concurrency, args.window, args.model_drafters, args.repeated,
+                        args.rounds)
     stem = "speculation" + ("_server" if args.skip_engine else "_engine" if args.skip_server else "") + (
         "_repeated" if args.repeated and not args.skip_server else "")
     (RESULTS / f"{stem}.json").write_text(json.dumps({"part_a": a_rows, "part_b": b_rows}, indent=1))
