@@ -9,7 +9,8 @@ Changed on purpose (and re-recorded): nightjar's default loss average (per emitt
 token; the old per-step mean is kept as loss_average="step" and still matches its
 old digest) and the composite policy (drafting stop rule; then the fallback from
 a model drafter's gamma-0 plan to the model-free drafters'; then the cost-aware
-choice between the model and the model-free plan, see policy/composite.py: _choose).
+choice between the model and the model-free plan, see policy/composite.py: _choose;
+with model-free drafters only, as served by default, its decisions did not change).
 
 Regenerate (only when a policy's behaviour is changed on purpose):
     .venv/bin/python tests/policy/test_decisions_unchanged.py
@@ -31,6 +32,7 @@ from policy.simulator import simulate  # noqa: E402
 CASES = {
     "adaspec": ("adaspec", dict(drafter="draft")),
     "composite": ("composite", dict(drafters=["draft", "ngram"])),
+    "composite-model-free": ("composite", dict(drafters=["ngram"])),  # the server's default kind of set
     "dsde": ("dsde", dict(drafter="draft")),
     "dsde-short": ("dsde", dict(drafter="draft", sl_a_max=3, warmup_steps=2, short_window=4, long_window=12)),
     "hf_heuristic": ("hf_heuristic", dict(drafter="draft")),
@@ -48,6 +50,7 @@ EXPECTED = {
     'adaspec': 'f0e224586055f035',
     'banditspec': '7f49a58942dbf6fc',
     'composite': 'f57bf0d6b92c0ca7',
+    'composite-model-free': '70df8c7e95cdf539',
     'dsde': '055ebe09bf4d2420',
     'dsde-short': '69d527a073cf910e',
     'hf_heuristic': 'a1ce8170d0c32a8b',
