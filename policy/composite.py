@@ -151,7 +151,7 @@ class Composite(Policy):
         self._fresh: Dict[tuple, Tuple[str, float, float]] = {}  # per step: pick of sequences without own evidence
         self._rows: Dict[tuple, list] = {}  # per step: `_time_row`s
         self._arms: Dict[tuple, Arm] = {}
-        self._corr_cache: Dict[tuple, Dict[int, tuple]] = {}  # (bucket, kind) -> {gamma: (correction, source)}
+        self._nearest: Dict[tuple, Dict[int, tuple]] = {}  # (bucket, kind) -> {gamma: `_nearest_seen`}
         self._by_kind: Dict[tuple, Dict[int, list]] = {}  # (bucket, kind) -> {gamma: self.ratio entry}
         self._bucket_pulls: Dict[int, int] = {}
         self._log_last = (-1, 0.0)
@@ -223,31 +223,24 @@ class Composite(Policy):
     def _correction(self, bucket: int, kind: str, gamma: int) -> float:
         """observed/profiled time ratio; unseen gammas borrow the nearest seen one of
         the same kind, and thin evidence is shrunk towards 1 (the profile)."""
-        per = self._corr_cache.setdefault((bucket, kind), {})
-        hit = per.get(gamma)
-        if hit is None:
-            hit = per[gamma] = self._correction_of(bucket, kind, gamma)
-        return hit[0]
+        per = self._nearest.setdefault((bucket, kind), {})
+        near = per.get(gamma)
+        if near is None:
+            near = per[gamma] = self._nearest_seen(bucket, kind, gamma)
+        if not near:
+            return 1.0
+        ratio, n = near[0][1] if len(near) == 1 else min((v[0], v[1], g) for g, v in near)[:2]
+        return (ratio * n + 1.0) / (n + 1.0)
 
-    def _correction_of(self, bucket: int, kind: str, gamma: int) -> tuple:
-        """-> (correction, the gamma whose ratio it used or None)."""
-        seen = [(abs(g - gamma), v[0], v[1], g) for g, v in self._by_kind.get((bucket, kind), {}).items()]
+    def _nearest_seen(self, bucket: int, kind: str, gamma: int) -> tuple:
+        """The seen gammas of this kind nearest to `gamma`, with their (live) ratio entries:
+        ((g, [ratio, n]), ...); two when equally near (the lower ratio is read, as min() of
+        (distance, ratio, n, g) did). Changes only when a new gamma is seen."""
+        seen = self._by_kind.get((bucket, kind), {})
         if not seen:
-            return 1.0, None
-        _, ratio, n, source = min(seen)
-        return (ratio * n + 1.0) / (n + 1.0), source
-
-    def _ratio_changed(self, bucket: int, kind: str, gamma: int, new: bool) -> None:
-        """Forget the cached corrections that read (or, nearer or as near, could now read)
-        the ratio of `gamma`; a newly seen gamma can be the nearest for any of them."""
-        per = self._corr_cache.get((bucket, kind))
-        if not per:
-            return
-        if new:
-            per.clear()
-            return
-        for g in [g for g, (_, src) in per.items() if src is None or abs(g - gamma) <= abs(g - src)]:
-            del per[g]
+            return ()
+        d = min(abs(g - gamma) for g in seen)
+        return tuple((g, v) for g, v in seen.items() if abs(g - gamma) == d)
 
     def step_time(self, batch: int, ctx_len: float, n_tokens: int, gamma: int, n_model: int) -> float:
         kind = "none" if gamma == 0 else ("model" if n_model else "free")
@@ -514,7 +507,8 @@ class Composite(Policy):
             self._by_kind.setdefault((bucket, kind), {})[gamma] = r
             r[0] += c.time_ema * (obs - r[0])
             r[1] += 1
-            self._ratio_changed(bucket, kind, gamma, new)
+            if new:  # it may be the nearest seen gamma for any other
+                self._nearest.pop((bucket, kind), None)
         self.pulls[(bucket, gamma)] = self.pulls.get((bucket, gamma), 0) + 1
         self._bucket_pulls[bucket] = self._bucket_pulls.get(bucket, 0) + 1
 
