@@ -73,12 +73,17 @@ class _DraftState(NamedTuple):
 
 
 class _Plan(NamedTuple):
-    """A candidate plan for the batch (`Composite._plan_for`)."""
+    """A candidate plan for the batch (`Composite._plan_for`); `Composite._play` turns the
+    chosen one into arms."""
+    gamma: int  # 0: plain decoding
+    keep: set  # the sequences that draft
+    drafters: list  # per sequence of the batch
+    alphas: list
+    expected: float  # expected emitted tokens of the whole batch
+    n_tokens: int
     n_model: int
-    arms: Dict[int, Arm]
     catch_up: float
-    state: Optional[_DraftState]
-    drafters: Dict[int, str]  # drafting sequences -> drafter
+    amortised: float
     index: float  # its goodput (optimistic for a model plan), to choose between plans
 
 
@@ -300,8 +305,21 @@ class Composite(Policy):
             alt = self._plan_for(ctx, ctx_len, *self._model_free(ctx, picks, free), explore_model=False)
             if alt.index > plan.index:
                 plan = alt
-        self._plan, self._plan_drafter = plan.state, plan.drafters
-        return plan.arms, plan.n_model, plan.catch_up
+        return self._play(ctx, ctx_len, plan)
+
+    def _play(self, ctx: StepContext, ctx_len: float, plan: _Plan):
+        """-> (arms, n_model, catch-up) of the chosen plan; keeps its state for
+        continue_drafting and observe."""
+        if plan.gamma == 0:
+            self._plan, self._plan_drafter = None, {}
+            return {}, 0, 0.0
+        seqs, keep, arm = ctx.sequences, plan.keep, self._arm
+        arms = {v.seq_id: arm(d, plan.gamma) for v, d in zip(seqs, plan.drafters) if v.seq_id in keep}
+        self._plan = _DraftState(ctx.batch_size, ctx_len, plan.n_model, plan.amortised * (plan.n_model > 0),
+                                 plan.gamma, plan.expected, plan.n_tokens,
+                                 {v.seq_id: a for v, a in zip(seqs, plan.alphas) if v.seq_id in keep})
+        self._plan_drafter = {v.seq_id: d for v, d in zip(seqs, plan.drafters) if v.seq_id in keep}
+        return arms, plan.n_model, plan.catch_up if plan.n_model else 0.0
 
     def _picks(self, ctx: StepContext, usable):
         """Per sequence (drafter, alpha, optimistic alpha) -> (drafters, alphas, optimistic
@@ -369,7 +387,7 @@ class Composite(Policy):
                 best = (g, val, t, e)
         g, val, t_full, e_tot = best if best[1] >= 0 else fallback
         if g == 0:
-            return _Plan(0, {}, 0.0, None, {}, b / t0)
+            return _Plan(0, set(), drafters, alphas, float(b), b, 0, 0.0, 0.0, b / t0)
         # per-sequence elimination: drop low-alpha sequences while goodput rises
         keep = {v.seq_id for v in seqs}
         n_tok = b * (g + 1)
@@ -393,12 +411,7 @@ class Composite(Policy):
             t_max = self.step_time(1, ctx_len, 1 + c.gamma_max, c.gamma_max, 1) + amortised
             if slo is None or t_max <= slo:
                 g, e_tot, n_tok = c.gamma_max, expected_tokens(a1, c.gamma_max), 1 + c.gamma_max
-        arm = self._arm
-        arms = {v.seq_id: arm(d, g) for v, d in zip(seqs, drafters) if v.seq_id in keep}
-        state = _DraftState(b, ctx_len, n_model, amortised * (n_model > 0), g, e_tot, n_tok,
-                            {v.seq_id: a for v, a in zip(seqs, alphas) if v.seq_id in keep})
-        plan_drafter = {v.seq_id: d for v, d in zip(seqs, drafters) if v.seq_id in keep}
-        return _Plan(n_model, arms, catch_up if n_model else 0.0, state, plan_drafter, index)
+        return _Plan(g, keep, drafters, alphas, e_tot, n_tok, n_model, catch_up, amortised, index)
 
     def _optimistic_goodput(self, ctx, ctx_len, drafters, alphas, opts, keep, n_model, amortised) -> float:
         """Best goodput over gamma of a plan's drafting sequences with its model-drafted ones
