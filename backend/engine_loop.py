@@ -307,6 +307,7 @@ class EngineLoop:
 
         t_draft = self.clock()
         drafts, drafter_names = self._draft(ctx, batch, decision, gammas)
+        confidences = {seq.seq_id: list(d.confidences) for seq, d in zip(batch, drafts)}
         # The policy may verify fewer tokens than drafted (AdaSpec's draft-token elimination).
         proposed = {seq.seq_id: d.confidences for seq, d in zip(batch, drafts) if len(d)}
         if proposed:
@@ -345,9 +346,15 @@ class EngineLoop:
             self._share_features(seq, seq.kv_len, feats, row, 1 + verdict.accepted)  # what stays cached
             row += n
             self._commit(seq, draft, verdict, name)
+            planned = decision.arm_for(seq.seq_id)
+            kv_len = seq.kv_len - 1 - verdict.accepted
             outcomes.append(SequenceOutcome(seq_id=seq.seq_id, drafter=name, gamma=len(draft),
                                             accepted=verdict.accepted, emitted=len(verdict.tokens),
-                                            p_draft=verdict.p_draft, q_draft=draft.confidences, kl=kl, tv=tv))
+                                            p_draft=verdict.p_draft, confidences=confidences[seq.seq_id],
+                                            kl=kl, tv=tv, planned_drafter=planned.drafter,
+                                            planned_gamma=planned.gamma, drafted=len(confidences[seq.seq_id]),
+                                            context_len=kv_len,
+                                            catch_up=self._uncaught(ctx, seq.seq_id, name)))
         t_io = self.clock()
         self._emit(batch)
         t_end = self.clock()
@@ -355,7 +362,8 @@ class EngineLoop:
         outcome = StepOutcome(step=self.stats.steps, batch_size=len(batch), sequences=outcomes,
                               draft_time_s=t_verify - t_draft, verify_time_s=t_accept - t_verify,
                               accept_time_s=t_io - t_accept, total_time_s=t_end - t_start, io_time_s=t_end - t_io,
-                              kv_free_blocks=ctx.kv_free_blocks, queue_len=ctx.queue_len)
+                              kv_free_blocks=ctx.kv_free_blocks, queue_len=ctx.queue_len, context=ctx,
+                              memory_actions=tuple(decision.memory_actions))
         self.policy.observe(outcome)
         self.trace.append(outcome)
         if self.on_outcome is not None:
@@ -371,6 +379,11 @@ class EngineLoop:
         st.emitted += outcome.emitted
         st.drafted += outcome.drafted
         st.accepted += outcome.accepted
+
+    @staticmethod
+    def _uncaught(ctx: StepContext, seq_id: int, drafter) -> int:
+        v = next((v for v in ctx.sequences if v.seq_id == seq_id), None)
+        return v.uncaught_tokens.get(drafter, 0) if v is not None and drafter else 0
 
     def _gammas(self, decision: Decision) -> Dict[int, int]:
         """γ per sequence: the policy's, capped so a step (up to γ+1 tokens) never passes

@@ -53,7 +53,7 @@ def _overhead_run(name: str, batch: int, steps: int) -> float:
             acc = rng.randint(0, arm.gamma) if arm.gamma else 0
             model = arm.drafter == "draft"
             seqs.append(SequenceOutcome(i, arm.drafter, arm.gamma, acc, acc + 1, p_draft=[0.7] * arm.gamma,
-                                        q_draft=[0.6] * arm.gamma, kl=[0.3] * arm.gamma if model else [],
+                                        confidences=[0.6] * arm.gamma, kl=[0.3] * arm.gamma if model else [],
                                         tv=[0.3] * arm.gamma if model else []))
         out = StepOutcome(t, batch, seqs, total_time_s=0.04 + 0.001 * batch)
         t2 = time.perf_counter()

@@ -254,18 +254,22 @@ def simulate(policy: Policy, env: Environment, steps: Optional[int] = None, seed
             emitted = min(accepted + 1, r.max_new - r.generated)
             model = bool(d and is_model[d])
             a = [float(x) for x in acc[:k]]
+            arm = decision.arm_for(r.seq_id)
             seq_out.append(SequenceOutcome(
                 r.seq_id, d, k, accepted, emitted, p_draft=a,
-                q_draft=[float(x) for x in conf[:k]] if model else [1.0] * k,
+                confidences=[float(x) for x in conf[:k]] if model else [1.0] * k,
                 kl=[-math.log(max(x, 1e-8)) for x in a] if model else [],
-                tv=[1.0 - x for x in a] if model else []))
+                tv=[1.0 - x for x in a] if model else [],
+                planned_drafter=arm.drafter, planned_gamma=arm.gamma, drafted=k,
+                context_len=r.prompt_len + r.generated, catch_up=r.uncaught.get(d, 0) if d else 0))
         noise = float(np.exp(rng.normal(0.0, env.time_noise)))
         t_draft = sum(costmodel.draft_time_s(sum(1 for x, k in zip(ds, ks) if x == d and k), depth_of[d], is_model[d])
                       for d in depth_of) * noise
         t_verify = costmodel.verify_time_s(b, sum(ks)) * noise
         total = t_draft + t_verify + catch_up * noise
         outcome = StepOutcome(step, b, seq_out, draft_time_s=t_draft, verify_time_s=t_verify,
-                              total_time_s=total, kv_free_blocks=ctx.kv_free_blocks, queue_len=phase.queue)
+                              total_time_s=total, kv_free_blocks=ctx.kv_free_blocks, queue_len=phase.queue,
+                              context=ctx, memory_actions=tuple(decision.memory_actions))
         policy.observe(outcome)
         if record is not None:
             record(outcome)

@@ -68,6 +68,13 @@ class StepContext:
     def batch_size(self) -> int:
         return len(self.sequences)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "StepContext":
+        d = dict(d)
+        d["sequences"] = [SequenceView(**v) for v in d["sequences"]]
+        d["drafters"] = [DrafterInfo(**i) for i in d["drafters"]]
+        return cls(**d)
+
 
 @dataclass(frozen=True)
 class MemoryAction:
@@ -86,15 +93,23 @@ class Decision:
 
 @dataclass
 class SequenceOutcome:
-    """What one sequence did in one step.
+    """What one sequence did in one step: the arm the policy planned and what happened.
 
+    planned_drafter / planned_gamma: the policy's arm for this sequence (`Decision`);
+              None when the record predates them (then: as played).
+    drafter / gamma: what was played: the drafter that drafted and the number of draft
+              tokens the target verified (0..planned; fewer when the drafter stopped early,
+              had no continuation, was not resident, failed, or the policy eliminated some).
+    drafted:  tokens the drafter produced (>= gamma; the policy may verify fewer).
     accepted: draft tokens the target agreed with (0..gamma).
     emitted:  tokens appended to the output this step (accepted + 1, fewer only
               when the sequence stopped mid-step on EOS/stop word/max_tokens).
-    p_draft:  target probability of each proposed draft token (verified positions).
-    q_draft:  drafter probability of each proposed draft token (1.0 for model-free).
+    confidences: the drafter's q of every drafted token (len drafted; 1.0 for model-free).
+    p_draft:  target probability of each verified draft token.
     kl / tv:  KL(p||q) and TV(p, q) per verified draft position, when the drafter
               has a full q distribution (model drafters); empty otherwise.
+    context_len: tokens in the target's KV cache when the step began.
+    catch_up: tokens the (model) drafter had to catch up before drafting this step.
     """
 
     seq_id: int
@@ -103,14 +118,40 @@ class SequenceOutcome:
     accepted: int
     emitted: int
     p_draft: list = field(default_factory=list)
-    q_draft: list = field(default_factory=list)
+    confidences: list = field(default_factory=list)
     kl: list = field(default_factory=list)
     tv: list = field(default_factory=list)
+    planned_drafter: Optional[str] = None
+    planned_gamma: Optional[int] = None
+    drafted: Optional[int] = None
+    context_len: int = 0
+    catch_up: int = 0
+
+    @property
+    def q_draft(self) -> list:
+        """q of each verified draft token."""
+        return self.confidences[: self.gamma]
+
+    @property
+    def planned(self) -> Arm:
+        """The arm the policy chose for this sequence (as played, for records without one)."""
+        if self.planned_gamma is None:
+            return Arm(self.drafter, self.gamma)
+        return Arm(self.planned_drafter, self.planned_gamma)
+
+    @property
+    def n_drafted(self) -> int:
+        return self.gamma if self.drafted is None else self.drafted
 
 
 @dataclass
 class StepOutcome:
-    """The single record of what a step did; rewards, metrics and traces derive from it."""
+    """The single record of what a step did; rewards, metrics and traces derive from it.
+
+    Self-sufficient: with `context` (what the policy was shown), the planned arms and
+    memory actions, and `joined` / `left` (sequences the policy was told about before /
+    after the step), a recorded trace replays a policy's decisions exactly
+    (`policy.replay`)."""
 
     step: int
     batch_size: int
@@ -122,6 +163,10 @@ class StepOutcome:
     io_time_s: float = 0.0  # sending the step's responses (Triton response senders)
     kv_free_blocks: int = 0
     queue_len: int = 0
+    context: Optional[StepContext] = None
+    memory_actions: tuple = ()  # the policy's MemoryActions this step
+    joined: tuple = ()  # seq_ids the policy was told started (on_request_start) before deciding
+    left: tuple = ()  # seq_ids the policy was told ended (on_request_end) after observing
 
     @property
     def emitted(self) -> int:
@@ -141,5 +186,15 @@ class StepOutcome:
     @classmethod
     def from_dict(cls, d: dict) -> "StepOutcome":
         d = dict(d)
-        d["sequences"] = [SequenceOutcome(**s) for s in d["sequences"]]
+        seqs = []
+        for s in d["sequences"]:
+            s = dict(s)
+            if "q_draft" in s:  # traces written before `confidences`
+                s["confidences"] = s.pop("q_draft")
+            seqs.append(SequenceOutcome(**s))
+        d["sequences"] = seqs
+        if d.get("context") is not None:
+            d["context"] = StepContext.from_dict(d["context"])
+        d["memory_actions"] = tuple(MemoryAction(**a) for a in d.get("memory_actions", ()))
+        d["joined"], d["left"] = tuple(d.get("joined", ())), tuple(d.get("left", ()))
         return cls(**d)

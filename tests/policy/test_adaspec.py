@@ -60,7 +60,7 @@ def test_tpot_slo_disables_slow_arms():
 
 def test_running_mean_confidence():
     pol = _policy(initial_confidence=0.6)
-    pol.observe(outcome([seq(0, gamma=2, accepted=1, q_draft=[0.2, 0.4])]))
+    pol.observe(outcome([seq(0, gamma=2, accepted=1, confidences=[0.2, 0.4])]))
     assert pol.c_bar == pytest.approx(0.3)
 
 
