@@ -1,14 +1,14 @@
 """The continuously batched draft-verify loop (one per model instance).
 
 Requests are submitted from any thread; a background thread owns the engine,
-admits waiting requests into free batch slots between steps, and runs steps:
+admits waiting requests into free batch slots between steps, and runs steps.
+The speculation itself (policy, drafters, the step protocol) is one component,
+`policy.speculator.Speculator`; this loop adds batching, memory and the target:
 
-    ctx      = StepContext(...)                 what the policy may know
-    decision = policy.decide(ctx)               (drafter, γ) per sequence
-    drafts   = drafter.propose(...)             per sequence, grouped by drafter
+    proposal = spec.propose(ctx, running)       decide, draft (per drafter group)
     logits   = engine.forward(all sequences)    ONE target forward for the batch
     verdicts = accept(...)                      lossless: greedy / rejection sampling
-    policy.observe(StepOutcome)
+    spec.commit(proposal, verdicts)             drafters learn the tokens, policy.observe
 
 Sequences occupy engine slots 0..B-1 contiguously (a leaving sequence's slot is
 refilled by moving the last one), so the engine reads K/V as views, not gathers.
@@ -35,15 +35,16 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from policy import (Decision, DrafterInfo, Policy, SequenceOutcome, SequenceView, StepContext, StepOutcome)
+from policy import Policy, StepOutcome
+from policy.speculator import Active, Proposal, Speculator, Verified
 
 from .detokenizer import IncrementalDetokenizer
-from .drafters import Draft, Drafter, DraftRequest
+from .drafters import Drafter
 from .kv_blocks import OutOfBlocks
 from .memory import KVMemory
 from .ragged import prefill_groups
 from .request import GenerationRequest, Limits, RequestError, validate
-from .sampling import (Verdict, accept_greedy, accept_sampling, accept_sampling_positional, divergences,
+from .sampling import (accept_greedy, accept_sampling, accept_sampling_positional, divergences,
                        position_generator, target_probs)
 from .sequence import Sequence
 
@@ -92,15 +93,20 @@ class EngineLoop:
             raise ValueError(f"max_batch {config.max_batch} exceeds the engine's {engine.max_slots} slots")
         if config.limits.max_context > engine.max_context:
             raise ValueError("limits.max_context exceeds the engine's context window")
-        self.engine, self.tok, self.drafters, self.policy = engine, tokenizer, drafters, policy
+        self.engine, self.tok, self.drafters = engine, tokenizer, drafters
         self.cfg, self.clock, self.on_outcome = config, clock, on_outcome
         self.model_drafters = {n: d for n, d in drafters.items() if d.is_model}
         # Drafters that read the target's features (hidden states) get them after every forward.
         self.feature_drafters = [d for d in drafters.values() if d.wants_features]
+        if self.feature_drafters and not engine.supports_hidden:
+            raise ValueError(f"drafters {[d.name for d in self.feature_drafters]} read the target's features; "
+                             f"engine {engine.name} does not return them")
         budget = config.kv_budget_bytes or KVMemory.budget_for(
             config.max_batch * config.limits.max_context, engine.kv_bytes_per_token, self.model_drafters)
         self.memory = KVMemory(budget, engine.kv_bytes_per_token, self.model_drafters)
         self.pool = self.memory.pool
+        self.spec = Speculator(policy, drafters, clock=clock, drafter_blocks=self.memory.drafter_blocks,
+                               on_outcome=self._record)
         self.inbox: "queue.Queue[Sequence]" = queue.Queue()
         self.waiting: "collections.deque[Sequence]" = collections.deque()
         self.running: List[Sequence] = []  # running[i].slot == i
@@ -112,6 +118,14 @@ class EngineLoop:
         self._thread: Optional[threading.Thread] = None
         eos = engine.shape.eos_token_id
         self.default_eos = frozenset({eos} | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()))
+
+    @property
+    def policy(self) -> Policy:
+        return self.spec.policy
+
+    @policy.setter
+    def policy(self, policy: Policy) -> None:
+        self.spec.policy = policy
 
     # -- submission (any thread) ---------------------------------------------------
     def tokenize(self, req: GenerationRequest) -> List[int]:
@@ -234,7 +248,7 @@ class EngineLoop:
             self.running.append(seq)
             new.append(seq)
             if not seq.preemptions:
-                self.policy.on_request_start(seq.seq_id)
+                self.spec.join(seq.seq_id)
         if not new:
             return
         t0 = self.clock()
@@ -256,8 +270,7 @@ class EngineLoop:
             row += n
             resumed = seq.generated > 0
             seq.kv_len = len(seq.prefill_ids)
-            for d in self.drafters.values():  # drafters learn where the prompt ends
-                d.commit(seq.seq_id, seq.tokens if resumed else seq.prompt_ids)
+            self.spec.sync(seq.seq_id, seq.tokens if resumed else seq.prompt_ids)  # where the prompt ends
             if resumed:
                 continue
             first = self._sample_one(seq, logits[i: i + 1])
@@ -282,53 +295,50 @@ class EngineLoop:
         p = target_probs(logits, seq.request.sampling)
         return int(torch.multinomial(p[0], 1, generator=position_generator(seq.seed, len(seq.tokens))))
 
-    def _context(self, step: int) -> StepContext:
-        views = [SequenceView(seq_id=s.seq_id, context_len=s.kv_len, generated=s.generated,
-                              max_new_tokens=s.request.max_tokens, temperature=s.request.sampling.temperature,
-                              last_drafter=s.last_drafter,
-                              uncaught_tokens={n: d.lag(s.seq_id, s.tokens) for n, d in self.model_drafters.items()})
-                 for s in self.running]
-        infos = [DrafterInfo(name=n, is_model=d.is_model, resident=d.resident,
-                             size_blocks=self.memory.drafter_blocks(n) if d.is_model else 0)
-                 for n, d in self.drafters.items()]
-        return StepContext(step=step, sequences=views, drafters=infos, queue_len=len(self.waiting) + self.inbox.qsize(),
-                           kv_free_blocks=self.pool.num_free, kv_total_blocks=self.pool.num_blocks,
-                           tpot_slo_s=self.cfg.tpot_slo_s)
+    def _active(self, seq: Sequence) -> Active:
+        """A running sequence as the speculator sees it."""
+        sampling, limits = seq.request.sampling, self.cfg.limits
+        room = min(seq.request.max_tokens - seq.generated, limits.max_context - seq.kv_len) - 1
+        return Active(seq_id=seq.seq_id, tokens=seq.tokens, context_len=seq.kv_len, generated=seq.generated,
+                      max_new_tokens=seq.request.max_tokens,
+                      temperature=0.0 if sampling.greedy else sampling.temperature,
+                      generator=seq.generator, room=room)
 
     def _speculative_step(self) -> None:
         t_start = self.clock()
-        ctx = self._context(self.stats.steps)
-        decision: Decision = self.policy.decide(ctx)
-        self._apply_memory_actions(decision)
-        gammas = self._fit_in_memory(self._gammas(decision))
-        batch = list(self.running)  # after preemption; _emit may retire sequences from self.running
+        by_id = {s.seq_id: s for s in self.running}
+        active = [self._active(s) for s in self.running]
+        ctx = self.spec.context(self.stats.steps, active, queue_len=len(self.waiting) + self.inbox.qsize(),
+                                kv_free_blocks=self.pool.num_free, kv_total_blocks=self.pool.num_blocks,
+                                tpot_slo_s=self.cfg.tpot_slo_s)
+        proposal = self.spec.propose(ctx, active, apply_memory=self._apply_memory_actions,
+                                     fit=self._fit_in_memory)
+        batch = [by_id[a.seq_id] for a in proposal.batch]  # after preemption
         if not batch:
+            self.spec.commit(proposal, [], [])
             return
-
-        t_draft = self.clock()
-        drafts, drafter_names = self._draft(ctx, batch, decision, gammas)
-        confidences = {seq.seq_id: list(d.confidences) for seq, d in zip(batch, drafts)}
-        # The policy may verify fewer tokens than drafted (AdaSpec's draft-token elimination).
-        proposed = {seq.seq_id: d.confidences for seq, d in zip(batch, drafts) if len(d)}
-        if proposed:
-            keep = self.policy.verify_lengths(ctx, proposed)
-            for seq, d in zip(batch, drafts):
-                k = keep.get(seq.seq_id, len(d))
-                if k < len(d):
-                    d.tokens, d.confidences = d.tokens[:k], d.confidences[:k]
-                    d.q = None if d.q is None else d.q[:k]
 
         t_verify = self.clock()
         # The pending token (last emitted, not yet cached) followed by the drafts.
-        inputs = [[seq.tokens[seq.kv_len]] + d.tokens for seq, d in zip(batch, drafts)]
+        inputs = [[seq.tokens[seq.kv_len]] + d for seq, d in zip(batch, proposal.inputs())]
         for seq, inp in zip(batch, inputs):
             self.pool.append(seq.seq_id, len(inp))  # fits: _fit_in_memory reserved it
         logits, feats = self._forward([s.slot for s in batch], [s.kv_len for s in batch], inputs)
 
         t_accept = self.clock()
+        verdicts = self._accept(proposal, batch, logits, feats)
+        t_io = self.clock()
+        self._emit(batch)  # may retire finished sequences
+        t_end = self.clock()
+        self.spec.commit(proposal, verdicts, [s.tokens for s in batch], verify_time_s=t_accept - t_verify,
+                         accept_time_s=t_io - t_accept, io_time_s=t_end - t_io, total_time_s=t_end - t_start)
+
+    def _accept(self, proposal: Proposal, batch: List[Sequence], logits: torch.Tensor, feats) -> List[Verified]:
+        """Verify each sequence's draft against the target's logits (lossless) and commit
+        the emitted tokens. logits: [sum(1 + len(draft)), V], sequences in batch order."""
         argmax = logits.argmax(dim=-1).tolist()
-        outcomes, row = [], 0
-        for seq, draft, name in zip(batch, drafts, drafter_names):
+        verdicts, row = [], 0
+        for seq, draft in zip(batch, proposal.drafts):
             n = len(draft) + 1
             p = None
             if seq.request.sampling.greedy:
@@ -345,32 +355,23 @@ class EngineLoop:
                 kl, tv = divergences(p_rows, draft.q)
             self._share_features(seq, seq.kv_len, feats, row, 1 + verdict.accepted)  # what stays cached
             row += n
-            self._commit(seq, draft, verdict, name)
-            planned = decision.arm_for(seq.seq_id)
-            kv_len = seq.kv_len - 1 - verdict.accepted
-            outcomes.append(SequenceOutcome(seq_id=seq.seq_id, drafter=name, gamma=len(draft),
-                                            accepted=verdict.accepted, emitted=len(verdict.tokens),
-                                            p_draft=verdict.p_draft, confidences=confidences[seq.seq_id],
-                                            kl=kl, tv=tv, planned_drafter=planned.drafter,
-                                            planned_gamma=planned.gamma, drafted=len(confidences[seq.seq_id]),
-                                            context_len=kv_len,
-                                            catch_up=self._uncaught(ctx, seq.seq_id, name)))
-        t_io = self.clock()
-        self._emit(batch)
-        t_end = self.clock()
+            # Cached now: the pending token + the accepted drafts; the rejected drafts are forgotten.
+            seq.kv_len += 1 + verdict.accepted
+            self.pool.truncate(seq.seq_id, seq.kv_len)
+            self.engine.truncate(seq.slot, seq.kv_len)
+            seq.drafted += len(draft)
+            seq.accepted += verdict.accepted
+            seq.append(verdict.tokens, self.cfg.limits.max_context)
+            verdicts.append(Verified(accepted=verdict.accepted, emitted=len(verdict.tokens),
+                                     p_draft=verdict.p_draft, kl=kl, tv=tv))
+        return verdicts
 
-        outcome = StepOutcome(step=self.stats.steps, batch_size=len(batch), sequences=outcomes,
-                              draft_time_s=t_verify - t_draft, verify_time_s=t_accept - t_verify,
-                              accept_time_s=t_io - t_accept, total_time_s=t_end - t_start, io_time_s=t_end - t_io,
-                              kv_free_blocks=ctx.kv_free_blocks, queue_len=ctx.queue_len, context=ctx,
-                              memory_actions=tuple(decision.memory_actions))
-        self.policy.observe(outcome)
+    def _record(self, outcome: StepOutcome) -> None:
+        """Every closed step: trace, statistics, the caller's hook."""
         self.trace.append(outcome)
-        if self.on_outcome is not None:
-            self.on_outcome(outcome)
         st = self.stats
         st.steps += 1
-        st.sequence_steps += len(batch)
+        st.sequence_steps += outcome.batch_size
         st.step_time_s += outcome.total_time_s
         st.draft_time_s += outcome.draft_time_s
         st.verify_time_s += outcome.verify_time_s
@@ -379,22 +380,9 @@ class EngineLoop:
         st.emitted += outcome.emitted
         st.drafted += outcome.drafted
         st.accepted += outcome.accepted
-
-    @staticmethod
-    def _uncaught(ctx: StepContext, seq_id: int, drafter) -> int:
-        v = next((v for v in ctx.sequences if v.seq_id == seq_id), None)
-        return v.uncaught_tokens.get(drafter, 0) if v is not None and drafter else 0
-
-    def _gammas(self, decision: Decision) -> Dict[int, int]:
-        """γ per sequence: the policy's, capped so a step (up to γ+1 tokens) never passes
-        max_tokens or the context window; 0 when its drafter is unknown or not resident."""
-        out = {}
-        for seq in self.running:
-            arm = decision.arm_for(seq.seq_id)
-            d = self.drafters.get(arm.drafter)
-            room = min(seq.request.max_tokens - seq.generated, self.cfg.limits.max_context - seq.kv_len) - 1
-            out[seq.seq_id] = max(0, min(arm.gamma, room)) if d is not None and d.resident else 0
-        return out
+        st.drafter_errors = self.spec.drafter_errors
+        if self.on_outcome is not None:
+            self.on_outcome(outcome)
 
     def _fit_in_memory(self, gammas: Dict[int, int]) -> Dict[int, int]:
         """Make this step's tokens fit in the KV pool: drop drafts, then preempt the youngest."""
@@ -408,19 +396,20 @@ class EngineLoop:
         while self.running and need() > self.pool.num_free:
             youngest = max(self.running, key=lambda s: (s.arrival_s, s.seq_id))
             self._preempt(youngest)
-        return gammas
+        return {s.seq_id: gammas[s.seq_id] for s in self.running}
 
     def _preempt(self, seq: Sequence) -> None:
         """Out of the batch, tokens kept; resumes (recomputing its cache) before newer requests."""
         log.info("preempting sequence %d (%d tokens) for lack of KV blocks", seq.seq_id, len(seq.tokens))
         self._vacate(seq)
+        self.spec.suspend(seq.seq_id)
         seq.kv_len = 0
         seq.preemptions += 1
         self.stats.preemptions += 1
         self.waiting.appendleft(seq)
 
-    def _apply_memory_actions(self, decision: Decision) -> None:
-        for action in decision.memory_actions:
+    def _apply_memory_actions(self, actions) -> None:
+        for action in actions:
             d = self.model_drafters.get(action.drafter)
             if d is None:
                 continue
@@ -438,46 +427,6 @@ class EngineLoop:
                 d.start_reload()
                 self.stats.drafter_reloads += 1
                 log.info("reloading drafter %s; KV pool now %d blocks", action.drafter, self.pool.num_blocks)
-
-    def _draft(self, ctx: StepContext, batch: List[Sequence], decision: Decision, gammas: Dict[int, int]):
-        """Drafts per sequence (batch order), one propose_batch per drafter; a failing drafter's
-        sequences fall back to γ = 0 for this step."""
-        drafts: List[Draft] = [Draft(tokens=[]) for _ in batch]
-        names: List[Optional[str]] = [None] * len(batch)
-        groups: Dict[str, List[int]] = {}
-        for i, seq in enumerate(batch):
-            if gammas.get(seq.seq_id, 0) > 0:
-                groups.setdefault(decision.arm_for(seq.seq_id).drafter, []).append(i)
-
-        def keep_going(seq_id: int, confidences: list) -> bool:
-            return self.policy.continue_drafting(ctx, seq_id, confidences)
-
-        for name, idxs in groups.items():
-            reqs = [DraftRequest(batch[i].seq_id, batch[i].tokens, gammas[batch[i].seq_id],
-                                 temperature=0.0 if batch[i].request.sampling.greedy
-                                 else batch[i].request.sampling.temperature,
-                                 generator=batch[i].generator) for i in idxs]
-            try:
-                out = self.drafters[name].propose_batch(reqs, keep_going)
-            except Exception:
-                self.stats.drafter_errors += 1
-                log.exception("drafter %s failed; its %d sequences fall back to γ=0", name, len(idxs))
-                continue
-            for i, d in zip(idxs, out):
-                drafts[i], names[i] = d, name
-        return drafts, names
-
-    def _commit(self, seq: Sequence, draft: Draft, verdict: Verdict, drafter: Optional[str]) -> None:
-        # Cached now: the pending token + the accepted drafts; the rest of the drafts are
-        # overwritten later (truncation is just the length).
-        seq.kv_len += 1 + verdict.accepted
-        self.pool.truncate(seq.seq_id, seq.kv_len)
-        seq.drafted += len(draft)
-        seq.accepted += verdict.accepted
-        seq.last_drafter = drafter
-        seq.append(verdict.tokens, self.cfg.limits.max_context)
-        for d in self.drafters.values():  # every drafter sees every committed token (suffix store)
-            d.commit(seq.seq_id, seq.tokens)
 
     def _emit(self, seqs: List[Sequence]) -> None:
         """Send what each sequence produced; retire finished ones."""
@@ -509,20 +458,20 @@ class EngineLoop:
                 self._release(seq)
 
     def _vacate(self, seq: Sequence) -> None:
-        """Give back its batch slot, KV blocks and drafter state."""
+        """Give back its batch slot and KV blocks."""
         if 0 <= seq.slot < len(self.running) and self.running[seq.slot] is seq:
             i, last = seq.slot, self.running.pop()
             if last is not seq:  # keep slots contiguous: move the last sequence into the hole
                 self.engine.move_slot(last.slot, i, last.kv_len)
                 last.slot = i
                 self.running[i] = last
+            else:
+                self.engine.truncate(i, 0)
         seq.slot = -1
         if seq.seq_id in self.pool:
             self.pool.free(seq.seq_id)
-        for d in self.drafters.values():
-            d.release(seq.seq_id)
 
     def _release(self, seq: Sequence) -> None:
-        """The sequence is done (finished, cancelled or failed): vacate it and tell the policy."""
+        """The sequence is done (finished, cancelled or failed): vacate it, drafters and policy forget it."""
         self._vacate(seq)
-        self.policy.on_request_end(seq.seq_id)
+        self.spec.leave(seq.seq_id)

@@ -1,8 +1,8 @@
 """Target distributions and lossless acceptance (verification is sampling, not drafting).
 
-Vocabulary (ALGORITHMS.md): for a sequence with draft tokens d_1..d_γ the target
-forward yields γ+1 distributions p_1..p_{γ+1} (p_j scores the position of d_j;
-p_{γ+1} follows the last draft).
+Vocabulary (README.md, "The step protocol"): for a sequence with draft tokens
+d_1..d_γ the target forward yields γ+1 distributions p_1..p_{γ+1} (p_j scores the
+position of d_j; p_{γ+1} follows the last draft).
   * accepted tokens: the leading drafts the target agrees with;
   * recovered token: at the first rejection j, a sample from norm(max(0, p_j − q_j));
   * bonus token: when all γ are accepted, a sample from p_{γ+1}.

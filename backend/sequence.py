@@ -50,7 +50,6 @@ class Sequence:
     accepted: int = 0
     sent_chars: int = 0
     finish_reason: Optional[str] = None
-    last_drafter: Optional[str] = None
     arrival_s: float = 0.0
     first_token_s: Optional[float] = None
     stop_at: Optional[int] = field(default=None)  # char index where a stop word begins

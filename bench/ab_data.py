@@ -10,12 +10,10 @@ from pathlib import Path
 
 import torch
 
+from build_engines.distill_drafter import PRESETS, Sample, answer_mask, assistant_header, label_cache, replace
+from build_engines.student import draft_vocabulary
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from build_engines.distill_drafter import PRESETS, Sample, answer_mask, assistant_header, label_cache, replace  # noqa: E402
-from build_engines.student import draft_vocabulary  # noqa: E402
-
 TARGET = ROOT / ".cache/models/smollm2-135m-instruct"
 
 

@@ -14,19 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from ab_data import chat_ab_data, parse_ab_args  # noqa: E402
-from build_engines.distill_drafter import agreement, feature_batch_loss, replace, train  # noqa: E402
-from build_engines.feature_student import FeatureStudent  # noqa: E402
+from ab_data import chat_ab_data, parse_ab_args  # bench/ (the script's own folder)
+from build_engines.distill_drafter import agreement, feature_batch_loss, replace, train
+from build_engines.feature_student import FeatureStudent
 
 
 def with_features(engine, samples, batch=8):

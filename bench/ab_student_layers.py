@@ -12,19 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from ab_data import chat_ab_data, parse_ab_args  # noqa: E402
-from build_engines.distill_drafter import agreement, train  # noqa: E402
-from build_engines.student import LAYER_TENSORS, StudentLlama  # noqa: E402
+from ab_data import chat_ab_data, parse_ab_args  # bench/ (the script's own folder)
+from build_engines.distill_drafter import agreement, train
+from build_engines.student import LAYER_TENSORS, StudentLlama
 
 
 def with_layers(weights: dict, source: list) -> dict:

@@ -24,13 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 RESULTS = ROOT / "bench" / "results"
 CHECKPOINT = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 TOKENS = (1, 2, 3, 4, 5, 6, 8, 12, 16)

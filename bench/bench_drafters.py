@@ -21,16 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
+from prompts import CODE_PROMPTS, COPY_HEAVY, PROSE_PROMPTS  # bench/ (the script's own folder)
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from prompts import CODE_PROMPTS, COPY_HEAVY, PROSE_PROMPTS  # noqa: E402
-
 RESULTS = ROOT / "bench" / "results"
 CHECKPOINT = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 DRAFTER_DIR = ROOT / ".cache" / "drafters"

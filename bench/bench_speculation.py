@@ -18,17 +18,13 @@ import argparse
 import json
 import queue
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
 
+from prompts import CODE_PROMPTS, COPY_HEAVY, FREE_FORM, PROSE_PROMPTS, distinct_requests  # bench/ (the script's own folder)
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from prompts import CODE_PROMPTS, COPY_HEAVY, FREE_FORM, PROSE_PROMPTS, distinct_requests  # noqa: E402
-
 RESULTS = ROOT / "bench" / "results"
 CHECKPOINT = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 MODEL_DRAFTERS = "ngram,suffix,code,chat"  # the distilled drafters too (built by the set-up)

@@ -15,16 +15,14 @@ import sys
 import time
 from pathlib import Path
 
+from prompts import distinct_requests  # bench/ (the script's own folder)
+
+from backend.offline import run_all
+from backend.request import GenerationRequest
+from backend.server_config import ServerConfig
+from backend.service import build_loop
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from prompts import distinct_requests  # noqa: E402
-
-from backend.offline import run_all  # noqa: E402
-from backend.request import GenerationRequest  # noqa: E402
-from backend.server_config import ServerConfig  # noqa: E402
-from backend.service import build_loop  # noqa: E402
 
 
 def main(argv=None) -> None:

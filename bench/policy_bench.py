@@ -14,15 +14,12 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from policy import make_policy  # noqa: E402
-from policy.environments import ENVIRONMENTS  # noqa: E402
-from policy.simulator import DEFAULT_PARAMS, build, format_table, simulate  # noqa: E402
-from policy.types import DrafterInfo, SequenceOutcome, SequenceView, StepContext, StepOutcome  # noqa: E402
+from policy import make_policy
+from policy.environments import ENVIRONMENTS
+from policy.simulator import DEFAULT_PARAMS, build, format_table, simulate
+from policy.types import DrafterInfo, SequenceOutcome, SequenceView, StepContext, StepOutcome
 
 DRAFTERS = [DrafterInfo("draft", True, True, 256), DrafterInfo("ngram", False, True)]
 

@@ -43,13 +43,11 @@ def distinct_requests(n: int, *, code: bool = False, seed: int = 0) -> list:
     ShareGPT user turn); with `code`, also requests for stdlib functions. All come from
     the held-out split the drafter builds never train on (build_engines/drafter_data.py)."""
     import random
-    import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root))
     from build_engines.drafter_data import code_documents, code_requests, held_out, sharegpt_turns
 
+    root = Path(__file__).resolve().parents[1]
     turns = [t for t in sharegpt_turns(root / ".cache" / "downloads") if held_out(t[0], seed, 0.05)]
     rng = random.Random(seed)
     rng.shuffle(turns)

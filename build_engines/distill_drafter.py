@@ -25,7 +25,6 @@ import json
 import math
 import random
 import shutil
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -40,7 +39,6 @@ from .student import StudentLlama, draft_vocabulary, soft_label_loss
 ARTIFACT_VERSION = 2  # of the drafter directory layout (2: draft-vocabulary head)
 LABEL_VERSION = 2  # of the cached labels (.cache/distill); 2: chat answers only
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the target is run by the serving engine (backend/)
 
 
 @dataclass(frozen=True)

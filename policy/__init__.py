@@ -1,4 +1,4 @@
-"""Adaptive speculation policies (pure Python; see ALGORITHMS.md)."""
+"""Adaptive speculation policies (pure Python; see docs/algorithms.md)."""
 from .base import POLICIES, Policy, register
 from .params import PolicyConfigError
 from .types import (NO_SPECULATION, Arm, Decision, DrafterInfo, MemoryAction, SequenceOutcome,

@@ -194,16 +194,20 @@ class EXP3(Bandit):
         super().__init__(n_arms, rng)
         self.gamma = gamma
         self.log_w = [0.0] * n_arms
-        self.probs = [1.0 / n_arms] * n_arms
+
+    def probs(self) -> List[float]:
+        """The current draw probabilities; `update` recomputes the ones `select` drew with
+        (nothing changed them in between), so an update needs no state from the draw."""
+        top = max(self.log_w)
+        return exp3_probs([math.exp(w - top) for w in self.log_w], self.gamma)
 
     def select(self) -> int:
-        top = max(self.log_w)
-        self.probs = exp3_probs([math.exp(w - top) for w in self.log_w], self.gamma)
-        return _sample(self.probs, self.rng)
+        return _sample(self.probs(), self.rng)
 
     def update(self, arm, reward):
+        p = self.probs()[arm]
         super().update(arm, reward)
-        self.log_w[arm] += self.gamma * (reward / self.probs[arm]) / self.k
+        self.log_w[arm] += self.gamma * (reward / p) / self.k
 
 
 class SequentialHalving(Bandit):
@@ -270,15 +274,18 @@ class EXP3Spec(Bandit):
     def __init__(self, n_arms, rng):
         super().__init__(n_arms, rng)
         self.cum_loss = [0.0] * n_arms
-        self.probs = [1.0 / n_arms] * n_arms
+
+    def probs(self) -> List[float]:
+        """The current draw probabilities (`update` recomputes the ones `select` drew with)."""
+        return exp3spec_probs(self.cum_loss, self.t + 1)
 
     def select(self) -> int:
-        self.probs = exp3spec_probs(self.cum_loss, self.t + 1)
-        return _sample(self.probs, self.rng)
+        return _sample(self.probs(), self.rng)
 
     def update(self, arm, loss01):
+        p = self.probs()[arm]
         super().update(arm, 1.0 - loss01)
-        self.cum_loss[arm] += exp3spec_loss_estimate(loss01, self.probs[arm])
+        self.cum_loss[arm] += exp3spec_loss_estimate(loss01, p)
 
 
 class UCBRows:
@@ -353,24 +360,34 @@ class UCBRows:
             return 0.0
         return float(self.sums[r, arm] / self.counts[r, arm])
 
-    def select(self, keys: Sequence) -> List[int]:
+    def indices(self, keys: Sequence) -> np.ndarray:
+        """[len(keys), K]: `ucb1_index` of every arm of each key's bandit (inf: not played yet)."""
         self._batch(keys)
+        return self._index()[0]
+
+    def _index(self):
         n = self._n  # [m, K]
         t = n.sum(axis=1)  # each bandit's rounds so far
-        first_unplayed = None
+        unplayed = None
         if not self._all_played:  # counts only grow: once every arm of the block is played, no more checks
             if n.min() > 0:
                 self._all_played = True
             else:  # some bandit is still in its round robin
                 unplayed = n == 0
-                first_unplayed = unplayed.any(axis=1)
                 n = np.where(unplayed, 1.0, n)
                 t = np.maximum(t, 1.0)
-        log_t = np.log(t)
-        index = self._s / n + self.beta * np.sqrt(2.0 * log_t[:, None] / n)  # ucb1_index
-        choice = index.argmax(axis=1)
-        if first_unplayed is not None:
+        index = self._s / n + self.beta * np.sqrt(2.0 * np.log(t)[:, None] / n)  # ucb1_index
+        if unplayed is not None:
             index[unplayed] = np.inf
+        return index, unplayed
+
+    def select(self, keys: Sequence) -> List[int]:
+        self._batch(keys)
+        index, unplayed = self._index()
+        if unplayed is None:
+            first_unplayed, choice = None, index.argmax(axis=1)
+        else:  # round robin first: the lowest unplayed arm
+            first_unplayed = unplayed.any(axis=1)
             choice = np.where(first_unplayed, unplayed.argmax(axis=1), index.argmax(axis=1))
         if self.k == 2:  # the usual two drafters: a tie is one comparison and a coin
             ties, is_top = index[:, 0] == index[:, 1], None
@@ -381,7 +398,7 @@ class UCBRows:
             ties &= ~first_unplayed
         if ties.any():  # uniform among the tied arms, all tied rows in one draw
             if is_top is None:
-                choice = np.where(ties, self._uniform(len(n)) < 0.5, choice)
+                choice = np.where(ties, self._uniform(len(index)) < 0.5, choice)
             else:
                 choice = np.where(ties, np.where(is_top, self._uniform(index.shape), -1.0).argmax(axis=1), choice)
         return choice.tolist()

@@ -14,7 +14,7 @@ comparable.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from .bandits import EXP3Spec, UCBSpec
 from .base import Policy, bucket_of, register, resident_names
@@ -63,7 +63,7 @@ class BanditSpec(Policy):
         self.L = max(self.cfg.gammas)
         self.bandits: Dict[int, object] = {}
         self.r_max: Dict[int, float] = {}
-        self._pending: Tuple[int, int] | None = None  # (bucket, arm index)
+        self.index = {a: i for i, a in enumerate(self.arms)}
 
     def _bandit(self, key: int):
         b = self.bandits.get(key)
@@ -73,21 +73,36 @@ class BanditSpec(Policy):
             b = self.bandits[key] = cls
         return b
 
+    def _key(self, batch_size: int) -> int:
+        return bucket_of(batch_size) if self.cfg.per_batch_bucket else 0
+
     def decide(self, ctx: StepContext) -> Decision:
-        key = bucket_of(ctx.batch_size) if self.cfg.per_batch_bucket else 0
-        i = self._bandit(key).select()
-        arm = self.arms[i]
-        if arm.speculates and arm.drafter not in resident_names(ctx):
-            self._pending = None
+        arm = self.arms[self._bandit(self._key(ctx.batch_size)).select()]
+        if not arm.speculates or arm.drafter not in resident_names(ctx):
             return Decision(arms={})
-        self._pending = (key, i)
-        return Decision(arms={v.seq_id: arm for v in ctx.sequences} if arm.speculates else {})
+        return Decision(arms={v.seq_id: arm for v in ctx.sequences})
+
+    def _played_arm(self, outcome: StepOutcome) -> Optional[int]:
+        """The index of the batch's planned arm; None when the step was forced off: the arm
+        planned nothing while one of the arms' drafters was not resident, so the bandit may
+        have picked that drafter's arm (the outcome cannot tell it from picking gamma 0)."""
+        s = outcome.sequences[0]
+        g = s.gamma if s.planned_gamma is None else s.planned_gamma
+        arm = Arm(s.drafter if s.planned_gamma is None else s.planned_drafter, g) if g > 0 else NO_SPECULATION
+        ctx = outcome.context
+        if not arm.speculates and ctx is not None:
+            resident = resident_names(ctx)
+            if any(d not in resident for d in self.cfg.drafters):
+                return None
+        return self.index.get(arm)
 
     def observe(self, outcome: StepOutcome) -> None:
-        if self._pending is None or not outcome.sequences:
+        if not outcome.sequences:
             return
-        key, i = self._pending
-        self._pending = None
+        i = self._played_arm(outcome)
+        if i is None:
+            return
+        key = self._key(outcome.context.batch_size if outcome.context is not None else outcome.batch_size)
         b = self._bandit(key)
         if self.cfg.reward == "acceptance_length":
             y = mean_acceptance_length(outcome)

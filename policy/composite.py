@@ -1,99 +1,30 @@
-"""`composite`: our policy — one decision over the joint arm (drafter, gamma) per
-sequence, with batch size, KV headroom, SLO and drafter residency as context.
+"""`composite`: our policy — one decision over the joint arm (drafter, gamma) per sequence,
+with batch size, KV headroom, SLO and drafter residency as context (docs/algorithms.md,
+`## composite`).
 
-Reward: measured goodput, emitted tokens / step wall time (`rewards.tokens_per_second`),
-decomposed into the two things that generalise across arms:
-* acceptance alpha per drafter (geometric model, successes/trials from
-  `rewards.acceptance_trials`): a slowly discounted global estimate per drafter
-  plus a fast-discounted estimate per sequence shrunk towards it, so one
-  sequence's evidence serves every gamma, and drift inside a request is
-  followed within a few steps;
-* step time T(B, kind, gamma): the offline profile (AdaSpec's tables, CPU-shaped
-  default) corrected online by a discounted ratio observed/profiled per
-  (batch-size bucket, drafter kind, gamma) — nearest observed gamma for unseen ones.
-Each step, per sequence, the drafter with the best optimistic alpha (hysteresis
-margin against flapping); where that is a model drafter, the plan below is also
-made with the best model-free drafters instead, and the plan worth more is played
-(the model one at its optimistic goodput, so it gets tried; its draft steps and
-the catch-up C_switch, amortised over `switch_amortise_steps`, priced). Plan:
-gamma = argmax over 0..gamma_max of
-  G(gamma) = sum_i E(alpha_i, gamma) / T(gamma) * (1 + c / sqrt(1 + n_{bucket,gamma}))
-(optimism decaying with counts; gamma = 0 when no arm beats plain decoding),
-subject to the TPOT SLO as in AdaSpec: predicted step time <= tpot_slo_s (a step may
-emit one token per sequence), plain decoding when nothing meets it; then sequences whose expected
-gain does not pay for their verify tokens drop to gamma = 0 (AdaSpec-style
-elimination with the geometric model). Drafting depth (AdaSpec's predict-execute-
-correct, with our model — `continue_drafting`): between a model drafter's sub-steps the
-tokens drafted so far survive with probability C_s = prod q (the drafter's own
-confidences) and one more token adds C_s * alpha_d (the drafter's global alpha)
-expected tokens; drafting continues while that raises E/T. A lone sequence (B = 1)
-with a model drafter plans gamma_max and lets this rule stop it (`dynamic_depth`),
-since a longer plan costs nothing when it stops early; the time ratio is then learned
-for the depth actually played. KV headroom: while the queue waits and
-free blocks are under tau_low, speculation is off; model drafters are parked
-and reloaded with Nightjar's hysteresis trigger (`elastic.ElasticMemory`);
-model-free drafters stay available while a model drafter is parked.
-Why it should dominate: Nightjar/BanditSpec learn one number per (B, gamma)
-arm from scratch; SmartSpec/AdaSpec trust a model; MetaSD/DSDE ignore cost.
-Sharing alpha across gammas and T across drafters needs far fewer samples,
-per-sequence drafters win on mixed workloads, the profile-seeded time
-model knows batch-size regimes before visiting them, and the real confidences
-let a single sequence stop drafting as soon as the next token is not worth it.
-Per-step work is shared where the answer is the same for many sequences (one
-global alpha per drafter, one drafter pick for all sequences without evidence of
-their own, one E(alpha, gamma) row per distinct alpha, memoised time corrections).
+Reward: goodput, emitted tokens / step time, decomposed into what generalises across
+arms: the acceptance rate per drafter (`acceptance`) and the step time per batch-size
+bucket, kind and gamma (`steptime`); `planner` turns them into each step's plan. This
+module wires them together: drafter picks, the choice between a model and a model-free
+plan, drafting depth, KV pressure, and learning from each StepOutcome alone.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
-import numpy as np
-
+from .acceptance import AcceptanceEstimator, Pick, pick_drafter
 from .base import Policy, bucket_of, register
 from .elastic import ElasticMemory, tau_low_blocks
 from .goodput import expected_tokens
 from .params import in_range, require
+from .planner import Plan, optimism_bonus, optimistic_goodput, plan_step
 from .profiles import StepTimeProfile, SwitchCostTable
 from .rewards import acceptance_trials
+from .steptime import StepTimeModel, kind_of
 from .types import Arm, Decision, StepContext, StepOutcome
 
-
-class _DraftState(NamedTuple):
-    """This step's plan, as `continue_drafting` and `observe` read it."""
-    batch: int
-    ctx_len: float
-    n_model: int
-    amortised: float  # catch-up cost per step, when a model drafter drafts
-    gamma: int
-    expected: float  # expected emitted tokens of the whole batch
-    n_tokens: int  # tokens the target verifies
-    alphas: Dict[int, float]  # drafting sequences -> alpha
-
-
-class _Plan(NamedTuple):
-    """A candidate plan for the batch (`Composite._plan_for`); `Composite._play` turns the
-    chosen one into arms."""
-    gamma: int  # 0: plain decoding
-    keep: set  # the sequences that draft
-    drafters: list  # per sequence of the batch
-    alphas: list
-    expected: float  # expected emitted tokens of the whole batch
-    n_tokens: int
-    n_model: int
-    catch_up: float
-    amortised: float
-    index: float  # its goodput (optimistic for a model plan), to choose between plans
-
-
-def shrunk_rate(s: float, n: float, prior: float, strength: float) -> float:
-    """(s + m * prior) / (n + m): a rate estimate shrunk towards `prior`.
-
-    >>> shrunk_rate(3, 4, 0.5, 4)
-    0.625
-    """
-    return (s + strength * prior) / (n + strength)
+__all__ = ["Composite", "CompositeConfig"]
 
 
 @dataclass(frozen=True)
@@ -132,6 +63,50 @@ class CompositeConfig:
         in_range(policy, "t_persist", self.t_persist, 1, 10_000)
 
 
+class Picks(NamedTuple):
+    """One drafter pick per sequence of the batch (batch order)."""
+    drafters: List[str]
+    alphas: List[float]
+    optimistic: List[float]
+
+
+class _Batch(NamedTuple):
+    """What every plan of one step shares."""
+    ctx: StepContext
+    bucket: int
+    ctx_len: float  # mean context length
+    bonus: List[float]  # optimism per gamma (`planner.optimism_bonus`)
+    is_model: Dict[str, bool]  # usable drafter -> is a model drafter
+    rows: Dict[tuple, List[float]]  # (k, n_model) -> time row: the plans of a step often share one
+
+
+class _Candidate(NamedTuple):
+    picks: Picks
+    plan: Plan
+    amortised: float  # the model drafter's catch-up per step it serves; 0 without one
+
+
+@dataclass
+class _Drafting:
+    """The played plan, as `continue_drafting` reads it between a model drafter's sub-steps.
+    Only drafting reads it: `observe` learns from the StepOutcome alone."""
+    batch: int
+    bucket: int
+    ctx_len: float
+    n_model: int
+    amortised: float
+    gamma: int
+    expected: float  # expected emitted tokens of the whole batch
+    n_tokens: int
+    alphas: Dict[int, float]  # drafting sequence -> alpha of its drafter
+    drafters: Dict[int, str]
+
+
+def _planned(s) -> Tuple[Optional[str], int]:
+    """`SequenceOutcome.planned` as (drafter, gamma), without building an Arm per sequence."""
+    return (s.drafter, s.gamma) if s.planned_gamma is None else (s.planned_drafter, s.planned_gamma)
+
+
 @register
 class Composite(Policy):
     name = "composite"
@@ -141,151 +116,32 @@ class Composite(Policy):
                  switch_cost: Optional[SwitchCostTable] = None, **kw):
         super().__init__(config, **kw)
         c = self.cfg
-        self.profile = profile or StepTimeProfile.load(c.profile_path)
+        self.acceptance = AcceptanceEstimator(c.drafters, c.prior_alpha, c.global_discount, c.seq_discount, c.shrink)
+        self.times = StepTimeModel(profile or StepTimeProfile.load(c.profile_path), c.time_ema)
         self.c_switch = switch_cost or SwitchCostTable.load(c.switch_cost_path)
-        self.glob: Dict[str, list] = {d: [0.0, 0.0] for d in c.drafters}  # drafter -> [succ, trials]
-        self.seq: Dict[int, Dict[str, list]] = {}
-        self.ratio: Dict[tuple, list] = {}  # (bucket, kind, gamma) -> [observed/profiled, n]
-        self.pulls: Dict[tuple, int] = {}  # (bucket, gamma) -> steps played
+        self.pulls: Dict[int, List[int]] = {}  # bucket -> steps played per gamma 0..gamma_max
         self.memory = ElasticMemory(c.tau_low_frac, c.t_persist)
-        self._prior_cache: Dict[tuple, float] = {}
-        self._pending: Optional[tuple] = None  # (bucket, kind, gamma, profiled time, catch-up, B, ctx, n_model)
-        self._plan: Optional[_DraftState] = None  # this step's plan, for continue_drafting
-        self._plan_drafter: Dict[int, str] = {}
-        self._is_model: Dict[str, bool] = {}
-        self._fresh: Dict[tuple, Tuple[str, float, float]] = {}  # per step: pick of sequences without own evidence
-        self._rows: Dict[tuple, list] = {}  # per step: `_time_row`s
-        self._arms: Dict[tuple, Arm] = {}
-        self._nearest: Dict[tuple, Dict[int, tuple]] = {}  # (bucket, kind) -> {gamma: `_nearest_seen`}
-        self._by_kind: Dict[tuple, Dict[int, list]] = {}  # (bucket, kind) -> {gamma: self.ratio entry}
-        self._bucket_pulls: Dict[int, int] = {}
-        self._log_last = (-1, 0.0)
-
-    # -- acceptance -----------------------------------------------------------
-    def _glob_alpha(self, drafter: str) -> float:
-        g = self.glob[drafter]
-        return shrunk_rate(g[0], g[1], self.cfg.prior_alpha, self.cfg.shrink)
+        self.model_drafters: Dict[str, bool] = {}  # a static fact, from every context seen
+        self._drafting: Optional[_Drafting] = None
 
     def alpha(self, seq_id: int, drafter: str) -> float:
-        a_glob = self._glob_alpha(drafter)
-        s = self.seq.get(seq_id, {}).get(drafter)
-        return a_glob if s is None else shrunk_rate(s[0], s[1], a_glob, self.cfg.shrink)
-
-    def _drafter_for(self, v, usable, a_glob: Dict[str, float]) -> Tuple[str, float, float]:
-        """Per-sequence drafter -> (drafter, alpha, optimistic alpha): the best optimistic
-        alpha + explore / sqrt(1 + n_i,d), with a hysteresis margin before leaving the
-        drafter the sequence used last. `a_glob`: this step's global alpha per drafter
-        (computed once per step)."""
-        per = self.seq.get(v.seq_id)
-        if not per:  # no evidence of its own yet: the same answer as every such sequence
-            return self._fresh_pick(v.last_drafter, usable, a_glob)
-        m, explore = self.cfg.shrink, self.cfg.explore
-        alpha, opt = {}, {}
-        for d in usable:
-            st = per.get(d)
-            if st is None:
-                alpha[d] = a_glob[d]
-                opt[d] = a_glob[d] + explore / math.sqrt(1.0)
-            else:
-                alpha[d] = shrunk_rate(st[0], st[1], a_glob[d], m)
-                opt[d] = alpha[d] + explore / math.sqrt(1.0 + st[1])
-        if len(usable) == 1:
-            return usable[0], alpha[usable[0]], opt[usable[0]]
-        best = max(usable, key=opt.__getitem__)
-        if v.last_drafter in usable and v.last_drafter != best:
-            if opt[best] - opt[v.last_drafter] < self.cfg.switch_margin:
-                best = v.last_drafter
-        return best, alpha[best], opt[best]
-
-    def _fresh_pick(self, last: Optional[str], usable, a_glob) -> Tuple[str, float, float]:
-        """`_drafter_for` of a sequence without per-sequence evidence, memoised per step."""
-        key = (last, tuple(usable))
-        hit = self._fresh.get(key)
-        if hit is None:
-            explore = self.cfg.explore
-            opt = {d: a_glob[d] + explore / math.sqrt(1.0) for d in usable}
-            best = usable[0] if len(usable) == 1 else max(usable, key=opt.__getitem__)
-            if len(usable) > 1 and last in usable and last != best and opt[best] - opt[last] < self.cfg.switch_margin:
-                best = last
-            hit = self._fresh[key] = (best, a_glob[best], opt[best])
-        return hit
-
-    # -- step time --------------------------------------------------------------
-    def _profiled(self, batch: int, ctx_len: float, n_tokens: int, gamma: int, n_model: int) -> float:
-        """Profile time of one step: target over n_tokens (+ the model drafter's gamma
-        sub-steps over n_model sequences). Memoised: the tables never change."""
-        key = (int(ctx_len) // 128, n_tokens, gamma, n_model)
-        t = self._prior_cache.get(key)
-        if t is None:
-            t = self.profile.target(ctx_len + gamma / 2, n_tokens)
-            if n_model and gamma:
-                t += gamma * self.profile.draft(ctx_len, n_model) + self.profile.draft_overhead(n_model)
-            if len(self._prior_cache) > 50_000:
-                self._prior_cache.clear()
-            self._prior_cache[key] = t
-        return t
-
-    def _correction(self, bucket: int, kind: str, gamma: int) -> float:
-        """observed/profiled time ratio; unseen gammas borrow the nearest seen one of
-        the same kind, and thin evidence is shrunk towards 1 (the profile)."""
-        per = self._nearest.setdefault((bucket, kind), {})
-        near = per.get(gamma)
-        if near is None:
-            near = per[gamma] = self._nearest_seen(bucket, kind, gamma)
-        if not near:
-            return 1.0
-        ratio, n = near[0][1] if len(near) == 1 else min((v[0], v[1], g) for g, v in near)[:2]
-        return (ratio * n + 1.0) / (n + 1.0)
-
-    def _nearest_seen(self, bucket: int, kind: str, gamma: int) -> tuple:
-        """The seen gammas of this kind nearest to `gamma`, with their (live) ratio entries:
-        ((g, [ratio, n]), ...); two when equally near (the lower ratio is read, as min() of
-        (distance, ratio, n, g) did). Changes only when a new gamma is seen."""
-        seen = self._by_kind.get((bucket, kind), {})
-        if not seen:
-            return ()
-        d = min(abs(g - gamma) for g in seen)
-        return tuple((g, v) for g, v in seen.items() if abs(g - gamma) == d)
-
-    def step_time(self, batch: int, ctx_len: float, n_tokens: int, gamma: int, n_model: int) -> float:
-        kind = "none" if gamma == 0 else ("model" if n_model else "free")
-        return (self._profiled(batch, ctx_len, n_tokens, gamma, n_model)
-                * self._correction(bucket_of(batch), kind, gamma))
-
-    def _time_row(self, batch: int, ctx_len: float, k: int, n_model: int) -> list:
-        """[step_time with k of the batch's sequences drafting g tokens, for g in 0..gamma_max],
-        memoised for the step: the model plan and its optimistic goodput read the same row."""
-        key = (k, n_model)
-        row = self._rows.get(key)
-        if row is None:
-            row = self._rows[key] = [self.step_time(batch, ctx_len, batch + k * g, g, n_model)
-                                     for g in range(self.cfg.gamma_max + 1)]
-        return row
+        return self.acceptance.alpha(seq_id, drafter)
 
     # -- decision ---------------------------------------------------------------
     def decide(self, ctx: StepContext) -> Decision:
         c, b = self.cfg, ctx.batch_size
-        self._pending = None
-        self._plan = None
+        self._drafting = None
         if b == 0:
             return Decision(arms={})
         info = {d.name: d for d in ctx.drafters}
         usable = [d for d in c.drafters if d in info and info[d].resident]
-        tau = tau_low_blocks(ctx, c.tau_low_frac)
-        pressure = ctx.queue_len > 0 and ctx.kv_free_blocks < tau
-        ctx_len = sum([v.context_len for v in ctx.sequences]) / b
-        arms, n_model, catch_up = {}, 0, 0.0
-        if usable and not pressure:
-            arms, n_model, catch_up = self._choose(ctx, ctx_len, usable, info)
-        gamma = max((a.gamma for a in arms.values()), default=0)
-        actions = self.memory.update(ctx, sd_enabled=gamma > 0) if c.elastic else []
-        n_tok = b + sum(a.gamma for a in arms.values())
-        kind = "none" if gamma == 0 else ("model" if n_model else "free")
-        self._pending = (bucket_of(b), kind, gamma, self._profiled(b, ctx_len, n_tok, gamma, n_model), catch_up,
-                         b, ctx_len, n_model)
+        # KV headroom: while requests wait and free blocks are short, drafts would preempt them
+        pressure = ctx.queue_len > 0 and ctx.kv_free_blocks < tau_low_blocks(ctx, c.tau_low_frac)
+        arms = self._choose(ctx, usable, info) if usable and not pressure else {}
+        actions = self.memory.update(ctx, sd_enabled=bool(arms)) if c.elastic else []
         return Decision(arms=arms, memory_actions=tuple(actions))
 
-    def _choose(self, ctx: StepContext, ctx_len: float, usable, info):
+    def _choose(self, ctx: StepContext, usable: List[str], info) -> Dict[int, Arm]:
         """The joint (drafter, gamma) pick, cost-aware. Each sequence's drafter goes by
         optimistic alpha; when that picks a model drafter for some sequence and model-free
         drafters exist, the same picks with each model drafter replaced by the sequence's
@@ -294,247 +150,190 @@ class Composite(Policy):
         goodput (draft steps and catch-up priced). Comparing expected goodputs alone would
         never try a model drafter (at equal alphas the model-free plan costs less); the
         optimism, which shrinks as the sequence plays the drafter, is what explores it."""
-        self._fresh, self._rows = {}, {}
-        is_model = self._is_model = {d: info[d].is_model for d in usable}
+        b = ctx.batch_size
+        is_model = {d: info[d].is_model for d in usable}
+        self.model_drafters.update(is_model)
+        bucket = bucket_of(b)
+        counts = self.pulls.get(bucket) or [0] * (self.cfg.gamma_max + 1)
+        step = _Batch(ctx, bucket, sum([v.context_len for v in ctx.sequences]) / b,
+                      optimism_bonus(counts[:self.cfg.gamma_max + 1], sum(counts) + 1, self.cfg.optimism), is_model, {})
         free = [d for d in usable if not is_model[d]]
         picks = self._picks(ctx, usable)
-        if not free or not any(is_model[d] for d in picks[3]):
-            plan = self._plan_for(ctx, ctx_len, *picks, explore_model=False)
+        if not free or not any(is_model[d] for d in set(picks.drafters)):
+            best = self._plan(step, picks, explore_model=False)
         else:
-            plan = self._plan_for(ctx, ctx_len, *picks, explore_model=True)
-            alt = self._plan_for(ctx, ctx_len, *self._model_free(ctx, picks, free), explore_model=False)
-            if alt.index > plan.index:
-                plan = alt
-        return self._play(ctx, ctx_len, plan)
+            best = self._plan(step, picks, explore_model=True)
+            alt = self._plan(step, self._model_free(ctx, picks, free), explore_model=False)
+            if alt.plan.index > best.plan.index:
+                best = alt
+        return self._play(step, best)
 
-    def _play(self, ctx: StepContext, ctx_len: float, plan: _Plan):
-        """-> (arms, n_model, catch-up) of the chosen plan; keeps its state for
-        continue_drafting and observe."""
-        if plan.gamma == 0:
-            self._plan, self._plan_drafter = None, {}
-            return {}, 0, 0.0
-        seqs, keep, arm = ctx.sequences, plan.keep, self._arm
-        arms = {v.seq_id: arm(d, plan.gamma) for v, d in zip(seqs, plan.drafters) if v.seq_id in keep}
-        self._plan = _DraftState(ctx.batch_size, ctx_len, plan.n_model, plan.amortised * (plan.n_model > 0),
-                                 plan.gamma, plan.expected, plan.n_tokens,
-                                 {v.seq_id: a for v, a in zip(seqs, plan.alphas) if v.seq_id in keep})
-        self._plan_drafter = {v.seq_id: d for v, d in zip(seqs, plan.drafters) if v.seq_id in keep}
-        return arms, plan.n_model, plan.catch_up if plan.n_model else 0.0
+    def _picks(self, ctx: StepContext, usable: List[str], keep: Optional[Picks] = None) -> Picks:
+        """Per sequence, `acceptance.pick_drafter` among `usable`; with `keep`, a sequence whose
+        pick there is among `usable` keeps it and only the others are picked again."""
+        c, acc, seqs = self.cfg, self.acceptance, ctx.sequences
+        a_glob = {d: acc.global_alpha(d) for d in usable}
+        stats = acc.seq
+        fresh: Dict[Optional[str], Pick] = {}  # sequences without evidence of their own share one answer
 
-    def _picks(self, ctx: StepContext, usable):
-        """Per sequence (drafter, alpha, optimistic alpha) -> (drafters, alphas, optimistic
-        alphas, distinct drafters)."""
-        b, seqs, stats = ctx.batch_size, ctx.sequences, self.seq
-        a_glob = {d: self._glob_alpha(d) for d in usable}
-        if stats and any(v.seq_id in stats for v in seqs):
-            picks = [self._drafter_for(v, usable, a_glob) for v in seqs]
-        else:  # no sequence has evidence of its own: one answer per last-used drafter
-            fresh = {last: self._fresh_pick(last, usable, a_glob) for last in {v.last_drafter for v in seqs}}
-            picks = [fresh[v.last_drafter] for v in seqs] if len(fresh) > 1 else None
-        if picks is None:  # one pick for the whole batch: no per-sequence lists to build
-            ((d, a, o),) = fresh.values()
-            return [d] * b, [a] * b, [o] * b, (d,)
-        drafters = [p[0] for p in picks]
-        return drafters, [p[1] for p in picks], [p[2] for p in picks], set(drafters)
+        def pick(v) -> Pick:
+            st = stats.get(v.seq_id)
+            if st:
+                return pick_drafter(st, usable, a_glob, v.last_drafter, c.shrink, c.explore, c.switch_margin)
+            p = fresh.get(v.last_drafter)
+            if p is None:
+                p = fresh[v.last_drafter] = pick_drafter(None, usable, a_glob, v.last_drafter, c.shrink,
+                                                         c.explore, c.switch_margin)
+            return p
 
-    def _model_free(self, ctx: StepContext, picks, free):
+        if keep is None and not any(v.seq_id in stats for v in seqs) and len({v.last_drafter for v in seqs}) == 1:
+            d, a, o = pick(seqs[0])  # the whole batch shares one answer (no evidence of its own yet)
+            return Picks([d] * len(seqs), [a] * len(seqs), [o] * len(seqs))
+        if keep is None:
+            out = [pick(v) for v in seqs]
+        else:
+            out = [(d, a, o) if d in a_glob else pick(v)
+                   for v, d, a, o in zip(seqs, keep.drafters, keep.alphas, keep.optimistic)]
+        return Picks([p[0] for p in out], [p[1] for p in out], [p[2] for p in out])
+
+    def _model_free(self, ctx: StepContext, picks: Picks, free: List[str]) -> Picks:
         """`picks` with each model-drafter pick replaced by the sequence's best model-free
-        drafter: the same as picking among the model-free drafters only (a model-free pick
-        already is the best of them, hysteresis included), without redoing those."""
-        drafters, alphas, opts, _ = picks
-        is_model = self._is_model
-        a_glob = {d: self._glob_alpha(d) for d in free}
-        out = [self._drafter_for(v, free, a_glob) if is_model[d] else (d, a, o)
-               for v, d, a, o in zip(ctx.sequences, drafters, alphas, opts)]
-        new = [p[0] for p in out]
-        return new, [p[1] for p in out], [p[2] for p in out], set(new)
+        drafter: the same as picking among the model-free drafters only, since a
+        model-free pick already is the best of them, hysteresis included."""
+        return self._picks(ctx, free, keep=picks)
 
-    def _plan_for(self, ctx: StepContext, ctx_len: float, drafters, alphas, opts, names,
-                  explore_model: bool) -> _Plan:
-        """gamma (by goodput with optimism on gamma) and the sequences that draft, for
-        these drafter picks; `_Plan.index` is the plan's expected goodput, or with
-        `explore_model` its optimistic one (`_optimistic_goodput`)."""
-        c, b, seqs = self.cfg, ctx.batch_size, ctx.sequences
-        bucket = bucket_of(b)
-        is_model = self._is_model
-        if len(names) == 1:  # one drafter for the whole batch (the usual case)
-            (d,) = names
-            model = [is_model[d]] * b
-            n_model = b if is_model[d] else 0
-            l_max = max([v.uncaught_tokens.get(d, 0) for v in seqs]) if n_model else 0
-        else:
-            model = [is_model[d] for d in drafters]
-            n_model = sum(model)
-            l_max = max([v.uncaught_tokens.get(d, 0) for v, d, m in zip(seqs, drafters, model) if m], default=0)
-        catch_up = self.c_switch(l_max, b) if n_model else 0.0
-        amortised = catch_up / c.switch_amortise_steps
-        total_pulls = self._bucket_pulls.get(bucket, 0) + 1  # sum of self.pulls over this bucket, + 1
-        t0 = self.step_time(b, ctx_len, b, 0, 0)
-        best = (0, b / t0 * (1.0 + self._bonus(bucket, 0, total_pulls)), t0, float(b))
-        fallback = (0, t0, t0, float(b))
-        slo = ctx.tpot_slo_s
-        if slo is not None and t0 > slo:
-            best = (0, -1.0, t0, float(b))
-        e_sum = self._expected_sums(alphas, c.gamma_max)  # [g] sum_i E(alpha_i, g)
-        times = self._time_row(b, ctx_len, b, n_model)
-        for g in range(1, c.gamma_max + 1):
-            t = times[g] + amortised
-            e = e_sum[g]
-            if slo is not None and t > slo:
-                continue
-            val = e / t * (1.0 + self._bonus(bucket, g, total_pulls))
-            if val > best[1]:
-                best = (g, val, t, e)
-        g, val, t_full, e_tot = best if best[1] >= 0 else fallback
-        if g == 0:
-            return _Plan(0, set(), drafters, alphas, float(b), b, 0, 0.0, 0.0, b / t0)
-        # per-sequence elimination: drop low-alpha sequences while goodput rises
-        keep = {v.seq_id for v in seqs}
-        n_tok = b * (g + 1)
-        for v, a, m in sorted(zip(seqs, alphas, model), key=lambda p: p[1]):
-            e_new = e_tot - (expected_tokens(a, g) - 1.0)
-            n_m = n_model - m
-            t_new = self.step_time(b, ctx_len, n_tok - g, g if len(keep) > 1 else 0, n_m) + amortised * (n_m > 0)
-            if e_new / t_new <= e_tot / t_full:
-                break
-            keep.discard(v.seq_id)
-            e_tot, t_full, n_tok, n_model = e_new, t_new, n_tok - g, n_m
-            if not keep:
-                break
-        index = e_tot / t_full
-        if explore_model and n_model:
-            index = self._optimistic_goodput(ctx, ctx_len, drafters, alphas, opts, keep, n_model, amortised)
-        if b == 1 and n_model and c.dynamic_depth:
-            # a lone model-drafted sequence: draft up to gamma_max and let continue_drafting
-            # stop on the real confidences (a longer plan costs nothing if it stops early)
-            a1 = alphas[0]
-            t_max = self.step_time(1, ctx_len, 1 + c.gamma_max, c.gamma_max, 1) + amortised
-            if slo is None or t_max <= slo:
-                g, e_tot, n_tok = c.gamma_max, expected_tokens(a1, c.gamma_max), 1 + c.gamma_max
-        return _Plan(g, keep, drafters, alphas, e_tot, n_tok, n_model, catch_up, amortised, index)
+    def _plan(self, step: _Batch, picks: Picks, explore_model: bool) -> _Candidate:
+        """`planner.plan_step` for these picks; with `explore_model`, the plan's index is its
+        optimistic goodput (`planner.optimistic_goodput`) when a model drafter drafts."""
+        ctx, c, times, is_model = step.ctx, self.cfg, self.times, step.is_model
+        b, bucket, ctx_len, seqs = ctx.batch_size, step.bucket, step.ctx_len, ctx.sequences
+        names = set(picks.drafters)
+        model = [is_model[next(iter(names))]] * b if len(names) == 1 else [is_model[d] for d in picks.drafters]
+        n_model = sum(model)
+        # the model drafter catches every sequence it drafts for up first: C_switch(L_max, B),
+        # spread over the steps it then serves
+        l_max = 0 if not n_model else max(
+            [v.uncaught_tokens.get(d, 0) for v, d, m in zip(seqs, picks.drafters, model) if m])
+        amortised = self.c_switch(l_max, b) / c.switch_amortise_steps if n_model else 0.0
 
-    def _optimistic_goodput(self, ctx, ctx_len, drafters, alphas, opts, keep, n_model, amortised) -> float:
-        """Best goodput over gamma of a plan's drafting sequences with its model-drafted ones
-        at their optimistic alphas: the index a plan with a model drafter competes with
-        (a model drafter costs draft steps and a catch-up; at its expected alpha it would
-        never be tried where a model-free drafter pays at the prior)."""
-        b, is_model = ctx.batch_size, self._is_model
-        kept = [min(o, 0.99) if is_model[d] else a
-                for v, d, a, o in zip(ctx.sequences, drafters, alphas, opts) if v.seq_id in keep]
-        k, slo = len(kept), ctx.tpot_slo_s
-        e_sum = self._expected_sums(kept, self.cfg.gamma_max)
-        best, times = 0.0, self._time_row(b, ctx_len, k, n_model)
-        for g in range(1, self.cfg.gamma_max + 1):
-            t = times[g] + amortised
-            if slo is None or t <= slo:
-                best = max(best, (e_sum[g] + b - k) / t)
-        return best
+        def step_time(n_tokens: int, gamma: int, n_m: int) -> float:
+            return times.step_time(bucket, ctx_len, n_tokens, gamma, n_m)
+
+        row = self._row(step, b, n_model)
+        plan = plan_step(picks.alphas, model, row, step_time, step.bonus, ctx.tpot_slo_s, amortised,
+                         dynamic_depth=c.dynamic_depth)
+        if explore_model and plan.n_model:
+            kept = [min(o, 0.99) if m else a
+                    for i, (a, o, m) in enumerate(zip(picks.alphas, picks.optimistic, model)) if i in plan.keep]
+            row_k = self._row(step, len(kept), plan.n_model)
+            plan = plan._replace(index=optimistic_goodput(kept, b, row_k, ctx.tpot_slo_s, amortised))
+        return _Candidate(picks, plan, amortised if plan.n_model else 0.0)
+
+    def _row(self, step: _Batch, k: int, n_model: int) -> List[float]:
+        row = step.rows.get((k, n_model))
+        if row is None:
+            b = step.ctx.batch_size
+            row = step.rows[(k, n_model)] = self.times.row(step.bucket, b, step.ctx_len, k, n_model, self.cfg.gamma_max)
+        return row
+
+    def _play(self, step: _Batch, cand: _Candidate) -> Dict[int, Arm]:
+        plan, picks, seqs = cand.plan, cand.picks, step.ctx.sequences
+        if plan.gamma == 0 or not plan.keep:
+            return {}
+        kept = [(v.seq_id, i) for i, v in enumerate(seqs) if i in plan.keep]
+        self._drafting = _Drafting(len(seqs), step.bucket, step.ctx_len, plan.n_model, cand.amortised, plan.gamma,
+                                   plan.expected, plan.n_tokens, {s: picks.alphas[i] for s, i in kept},
+                                   {s: picks.drafters[i] for s, i in kept})
+        arms = {d: Arm(d, plan.gamma) for d in {picks.drafters[i] for _, i in kept}}  # immutable: shared
+        return {s: arms[picks.drafters[i]] for s, i in kept}
 
     def continue_drafting(self, ctx: StepContext, seq_id: int, confidences: list) -> bool:
-        """Between a model drafter's sub-steps (AdaSpec's predict-execute-correct with our
-        model): the s tokens drafted so far survive with probability C_s = prod q (the
-        drafter's own confidences), so E_i(s) = 1 + sum_{j<=s} C_j; one more token adds
-        C_s * alpha_d (the drafter's global alpha: one draft position tells little about
-        the next) and costs one more sub-step. Continue while that raises the step's
-        goodput, E(s+1)/T(s+1) > E(s)/T(s), up to the planned gamma."""
-        plan = self._plan
+        """Drafting depth (AdaSpec's predict-execute-correct, with our model): the s tokens
+        drafted so far survive with probability C_s = prod q (the drafter's own
+        confidences), so E_i(s) = 1 + sum_{j<=s} C_j; one more token adds C_s * alpha_d (the
+        drafter's global alpha: one draft position tells little about the next) and costs
+        one more sub-step. Continue while that raises the step's goodput,
+        E(s+1)/T(s+1) > E(s)/T(s), up to the planned gamma."""
+        st = self._drafting
         s = len(confidences)
-        if plan is None or seq_id not in plan.alphas:
+        if st is None or seq_id not in st.alphas:
             return True
-        b, ctx_len, n_model, amortised, g, e_tot, n_tok, alphas = plan
-        if s >= g:
+        if s >= st.gamma:
             return False
-        a = alphas[seq_id]
-        a_next = self._glob_alpha(self._plan_drafter[seq_id])
+        a_next = self.acceptance.global_alpha(st.drafters[seq_id])
         c, e_i = 1.0, 1.0
         for q in confidences:
             c *= q
             e_i += c
-        e_rest = e_tot - expected_tokens(a, g)  # the other sequences, at their plan
+        e_rest = st.expected - expected_tokens(st.alphas[seq_id], st.gamma)  # the others, at their plan
 
-        def t(k: int) -> float:  # at B > 1 the other sequences keep the batch drafting to g
-            return self.step_time(b, ctx_len, n_tok - g + k, k if b == 1 else g, n_model) + amortised
+        def t(k: int) -> float:  # at B > 1 the other sequences keep the batch drafting to gamma
+            return self.times.step_time(st.bucket, st.ctx_len, st.n_tokens - st.gamma + k,
+                                        k if st.batch == 1 else st.gamma, st.n_model) + st.amortised
 
         return (e_rest + e_i + c * a_next) / t(s + 1) > (e_rest + e_i) / t(s)
 
-    @staticmethod
-    def _expected_sums(alphas, gamma_max: int) -> list:
-        """[sum_i E(alpha_i, g) for g in 0..gamma_max], summed in sequence order as before;
-        E is computed once per distinct alpha (many sequences share the global one)."""
-        table = {a: [expected_tokens(a, g) for g in range(gamma_max + 1)] for a in set(alphas)}
-        if len(table) == 1:
-            (row,) = table.values()
-            return [sum([x] * len(alphas)) for x in row]
-        rows = np.array([table[a] for a in alphas])  # [B, G+1]; axis-0 sums add row after row
-        return rows.sum(axis=0).tolist()
-
-    def _arm(self, drafter: str, gamma: int) -> Arm:
-        a = self._arms.get((drafter, gamma))
-        if a is None:
-            a = self._arms[(drafter, gamma)] = Arm(drafter, gamma)
-        return a
-
-    def _bonus(self, bucket: int, gamma: int, total: int) -> float:
-        """Optimism for rarely played gammas in this bucket, decaying with counts:
-        optimism * sqrt(ln(total + 1) / (1 + n_{bucket,gamma}))."""
-        n = self.pulls.get((bucket, gamma), 0)
-        if self._log_last[0] != total:  # one ln per step, not one per gamma
-            self._log_last = (total, math.log(total + 1))
-        log_t = self._log_last[1]
-        return self.cfg.optimism * math.sqrt(log_t / (1 + n))
-
     # -- learning -------------------------------------------------------------
     def observe(self, outcome: StepOutcome) -> None:
-        c = self.cfg
-        planned = self._planned_gammas()
+        """Learns from the outcome alone: the planned arms, what was drafted and the step's
+        context are all in it (a replayed trace teaches exactly what the live step did)."""
+        ctx = outcome.context
+        if ctx is not None:
+            self.model_drafters.update((d.name, d.is_model) for d in ctx.drafters)
+        is_model = self.model_drafters
+        acc = self.acceptance
         for s in outcome.sequences:
-            if s.drafter not in self.glob:
+            if not acc.knows(s.drafter):
                 continue
-            succ, trials = acceptance_trials(s, planned.get(s.seq_id, s.gamma))
-            if trials == 0:
-                continue
-            g = self.glob[s.drafter]
-            g[0], g[1] = g[0] * c.global_discount + succ, g[1] * c.global_discount + trials
-            per = self.seq.setdefault(s.seq_id, {})
-            for d, st in per.items():  # the sequence moved on: discount all its drafters
-                st[0] *= c.seq_discount
-                st[1] *= c.seq_discount
-            st = per.setdefault(s.drafter, [0.0, 0.0])
-            st[0] += succ
-            st[1] += trials
-        if self._pending is None or outcome.total_time_s <= 0:
-            return
-        bucket, kind, gamma, profiled, catch_up, b, ctx_len, n_model = self._pending
-        self._pending = None
-        played = max([s.gamma for s in outcome.sequences], default=0)
-        if played != gamma:
-            if played == 0:
-                kind, gamma, profiled = "none", 0, None
-            else:  # drafting stopped early (continue_drafting): the profile of what was played
-                gamma = played
-                profiled = self._profiled(b, ctx_len, b + sum(s.gamma for s in outcome.sequences), played, n_model)
-        if profiled:  # learn the ratio without the one-off catch-up (priced separately)
-            obs = max(outcome.total_time_s - catch_up, 0.0) / profiled
-            new = (bucket, kind, gamma) not in self.ratio
-            r = self.ratio.setdefault((bucket, kind, gamma), [obs, 0])
-            self._by_kind.setdefault((bucket, kind), {})[gamma] = r
-            r[0] += c.time_ema * (obs - r[0])
-            r[1] += 1
-            if new:  # it may be the nearest seen gamma for any other
-                self._nearest.pop((bucket, kind), None)
-        self.pulls[(bucket, gamma)] = self.pulls.get((bucket, gamma), 0) + 1
-        self._bucket_pulls[bucket] = self._bucket_pulls.get(bucket, 0) + 1
+            d, g = _planned(s)
+            # A model-free drafter proposes fewer tokens, or none, when it has no continuation:
+            # those count as a failed trial, or alpha (and with it the value of speculating)
+            # would be that of the sequences that happened to match. A model drafter's short
+            # draft is its own confidence stop (continue_drafting), not a failure.
+            planned = g if d is not None and g > 0 and not is_model.get(d, False) else s.gamma
+            succ, trials = acceptance_trials(s, planned)
+            if trials:
+                acc.observe(s.seq_id, s.drafter, succ, trials)
+        self._learn_time(outcome, is_model)
 
-    def _planned_gammas(self) -> Dict[int, int]:
-        """The gamma this step planned for each sequence a model-free drafter drafted. Such a
-        drafter proposes fewer tokens, or none, when its store has no continuation: the tokens
-        it did not propose count as a failed trial, or alpha (and with it the value of
-        speculating) would be that of the sequences that happened to match. A model drafter's
-        short draft is its own confidence stop (continue_drafting), not a failure."""
-        if self._plan is None:
-            return {}
-        g = self._plan.gamma
-        return {sid: g for sid, d in self._plan_drafter.items() if not self._is_model.get(d, False)}
+    def _learn_time(self, outcome: StepOutcome, is_model: Dict[str, bool]) -> None:
+        """The observed/profiled ratio of the step as it was planned, or, when drafting
+        stopped early, as it was played; without the catch-up (priced separately)."""
+        ctx, seqs = outcome.context, outcome.sequences
+        b = ctx.batch_size if ctx is not None else outcome.batch_size
+        if b == 0 or outcome.total_time_s <= 0:
+            return
+        views = ctx.sequences if ctx is not None else seqs
+        ctx_len = sum([v.context_len for v in views]) / b
+        gamma = n_model = n_tok = l_max = played = played_tok = 0
+        for s in seqs:
+            d, g = _planned(s)
+            if g > gamma:
+                gamma = g
+            n_tok += g
+            if s.gamma > played:
+                played = s.gamma
+            played_tok += s.gamma
+            if d is not None and g > 0 and is_model.get(d, False):
+                n_model += 1
+                l_max = max(l_max, s.catch_up)
+        kind = kind_of(gamma, n_model)
+        bucket = bucket_of(b)
+        if played == gamma:
+            profiled: Optional[float] = self.times.profiled(ctx_len, b + n_tok, gamma, n_model)
+        elif played == 0:
+            kind, gamma, profiled = "none", 0, None
+        else:  # drafting stopped early (continue_drafting): the profile of what was played
+            gamma, profiled = played, self.times.profiled(ctx_len, b + played_tok, played, n_model)
+        if profiled:
+            # the catch-up the step paid: its model-drafted sequences' (the plan priced those it
+            # picked for the model drafter before elimination, which the outcome does not list)
+            catch_up = self.c_switch(l_max, b) if n_model else 0.0
+            self.times.learn(bucket, kind, gamma, max(outcome.total_time_s - catch_up, 0.0) / profiled)
+        counts = self.pulls.setdefault(bucket, [0] * (self.cfg.gamma_max + 1))
+        if gamma >= len(counts):  # a trace recorded with a longer gamma_max
+            counts.extend([0] * (gamma + 1 - len(counts)))
+        counts[gamma] += 1
 
     def on_request_end(self, seq_id: int) -> None:
-        self.seq.pop(seq_id, None)
+        self.acceptance.forget(seq_id)

@@ -1,4 +1,4 @@
-"""Step-time model shaped like the CPU measurements in ENVIRONMENT.md (bf16,
+"""Step-time model shaped like the CPU measurements in docs/environment.md (bf16,
 SmolLM2-135M, 2 threads, context 128). Used by the simulator as ground truth and
 to build default profile tables when no offline profile is given.
 

@@ -6,13 +6,14 @@ delta^(i-1) (i = 1 most recent), SF = exp(2 mu_KL,last) - 1,
 SL^ = (1 - SF*WVIR)(SL_max - SL_min) + SL_min if SF*WVIR <= 1 else SL_min (ceil);
 SL_max calibrated on warm-up steps; batch cap SL_cap = ceil(mean SL^_i).
 
-The scalar functions below state the math (with worked examples). The policy
-runs the same rule for the whole batch at once: every sequence's last 30 KL values
-are a row of (x, x^2, 1) triples in one array (`KlHistories`), one matrix product gives the
-weighted moments of both windows (`moment_weights`), and `lengths_from_moments`
-turns them into SL^ (Var_w = S2/S0 - (S1/S0)^2, the one-pass form of
-`weighted_variance`). When the next step runs the same batch, `observe` has
-already built its Decision.
+The scalar functions below state the rule (with worked examples; `sequence_length`
+for one sequence). At 64 sequences a Python loop over every sequence's 30 values costs
+~1 ms a step, so the policy runs the same rule for the whole batch at once: every
+sequence's last 30 KL values are a row of (x, x^2, 1) triples in one array
+(`KlHistories`), one matrix product gives the weighted moments of both windows
+(`moment_weights`), and `lengths_from_moments` turns them into SL^ (Var_w = S2/S0 -
+(S1/S0)^2, the one-pass form of `weighted_variance`: equal up to rounding, which
+tests/policy/test_batched_state.py bounds).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import functools
 import math
 from itertools import chain
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import numpy as np
 
@@ -94,6 +95,23 @@ def predicted_length(sf: float, w: float, sl_max: int, sl_min: int = 2) -> int:
     return int(math.ceil((1.0 - x) * (sl_max - sl_min) + sl_min - 1e-9))
 
 
+def sequence_length(recent_first: Sequence[float], k: int, sl_max: int, sl_min: int = 2, delta: float = 0.85,
+                    short: int = 10, long: int = 30) -> int:
+    """SL^ of one sequence from its KL history (most recent first), k of which arrived in
+    the last step (mu_KL,last is their mean). A sequence with a single value so far has
+    no variance to compare: it drafts SL_max.
+
+    >>> sequence_length([0.1] + [1.0, 0.0] * 5 + [0.5] * 19, 1, 10)   # WVIR 1.193, SF 0.2214: 7.9
+    8
+    >>> sequence_length([0.3], 1, 10)
+    10
+    """
+    if len(recent_first) == 1:
+        return sl_max
+    sf = stability_factor(sum(recent_first[:k]) / k)
+    return predicted_length(sf, wvir(recent_first, delta, short, long), sl_max, sl_min)
+
+
 def batch_cap(lengths: Sequence[int]) -> int:
     """SL_cap = ceil(mean SL^_i).
 
@@ -147,15 +165,23 @@ def moment_weights(delta: float, short: int, long: int, k: int) -> np.ndarray:
     return m
 
 
+def wvir_from_moments(m: np.ndarray) -> np.ndarray:
+    """`wvir` per sequence from its weighted moments m = [S1, S2, S0, S0 (long, short each),
+    2 mu_KL,last] x sequences (see `moment_weights`), with Var_w = S2/S0 - (S1/S0)^2;
+    LARGE_WVIR where Var_w(long) < 1e-6, and 0 for a sequence with a single value so far
+    (S0 = 1), so that it drafts SL_max (`sequence_length`)."""
+    q = m[:4] / m[4:8]  # mean long, mean short, E[x^2] long, E[x^2] short
+    var_long, var_short = q[2:] - q[:2] * q[:2]
+    out = (m[4] > 1.0 + 1e-9) * LARGE_WVIR
+    np.divide(var_short, var_long, out=out, where=var_long >= VAR_FLOOR)
+    return out
+
+
 def lengths_from_moments(m: np.ndarray, sl_max: int, sl_min: int = 2) -> np.ndarray:
-    """SL^ per sequence from its weighted moments m = [S1, S2, S0, S0 (long, short
-    each), 2 mu_KL,last] x sequences (see `moment_weights`): `wvir` =
-    Var_w(short)/Var_w(long) with Var_w = S2/S0 - (S1/S0)^2 (large where
-    Var_w(long) < 1e-6), SF = exp(2 mu) - 1, and `predicted_length` written as
-    ceil(max(SL_max - 1e-9 - SF WVIR (SL_max - SL_min), SL_min)) — for SF*WVIR > 1
-    the line is below SL_min, so the floor is the same rule. Sequences with a single
-    value so far (S0 = 1) get SL_max (their WVIR counts as 0). Few, whole-array numpy
-    calls: at 64 sequences the cost is the number of calls, not the arithmetic.
+    """SL^ per sequence from its weighted moments (`wvir_from_moments`), SF = exp(2 mu) - 1,
+    and `predicted_length` written as ceil(max(SL_max - 1e-9 - SF WVIR (SL_max - SL_min),
+    SL_min)) — for SF WVIR > 1 the line is below SL_min, so the floor is the same rule.
+    Few, whole-array numpy calls: at 64 sequences the cost is the number of calls.
 
     >>> x = np.array([1.0, 0.0] * 5 + [0.5] * 20); w = 0.85 ** np.arange(30)
     >>> mom = lambda v: [(w * v).sum(), (w[:10] * v[:10]).sum()]
@@ -163,12 +189,8 @@ def lengths_from_moments(m: np.ndarray, sl_max: int, sl_min: int = 2) -> np.ndar
     >>> lengths_from_moments(np.array([col]).T, 10).tolist()    # (1 - 0.273) * 8 + 2 = 7.8
     [8]
     """
-    q = m[:4] / m[4:8]  # mean long, mean short, E[x^2] long, E[x^2] short
-    var_long, var_short = q[2:] - q[:2] * q[:2]
-    wvir_ = (m[4] > 1.0 + 1e-9) * LARGE_WVIR  # where Var_w(long) is flat; 0 for a single value (-> SL_max)
-    np.divide(var_short, var_long, out=wvir_, where=var_long >= VAR_FLOOR)
     span = float(sl_max - sl_min)
-    line = (sl_max - 1e-9) - (np.exp(m[8]) * span - span) * wvir_  # SF (SL_max - SL_min) WVIR
+    line = (sl_max - 1e-9) - (np.exp(m[8]) * span - span) * wvir_from_moments(m)  # SF (SL_max - SL_min) WVIR
     np.maximum(line, np.float64(sl_min), out=line)
     return np.ceil(line).astype(np.int64)
 
@@ -249,51 +271,35 @@ class Dsde(Policy):
     def __init__(self, config=None, **kw):
         super().__init__(config, **kw)
         self.kl = KlHistories(self.cfg.long_window)
-        self.last_mu: Dict[int, float] = {}
-        self.kl_pre: List[float] = []
+        self.last_mu: Dict[int, float] = {}  # warm-up: mu_KL,last per sequence, for the lengths at calibration
+        self.kl_pre: List[float] = []  # warm-up KL values: SL_max is calibrated on them
         self.warm_left = self.cfg.warmup_steps
         self.sl_max = self.cfg.sl_a_max
-        self._lengths: Dict[int, int] = {}  # SL^ per sequence, recomputed only when it observes
-        self._unsaved: Optional[tuple] = None  # (ids, SL^) not yet in _lengths: the next step's
-        # batch is usually the same and decided already, so the dict is written only when it changes
-        self._arms = {k: Arm(self.cfg.drafter, k) for k in range(self.sl_max + 1)}  # reused every step
-        self._ready_ids: Optional[list] = None  # the batch observe() already decided for
-        self._ready: Optional[Decision] = None
+        self.lengths: Dict[int, int] = {}  # SL^ per sequence, from its latest KL values
+        self._arms = {k: Arm(self.cfg.drafter, k) for k in range(self.sl_max + 1)}  # immutable, shared
 
     def length_for(self, seq_id: int) -> int:
         if self.warm_left > 0:
             return self.sl_max
-        return self._saved_lengths().get(seq_id, self.sl_max)
-
-    def _saved_lengths(self) -> Dict[int, int]:
-        if self._unsaved is not None:
-            self._lengths.update(zip(*self._unsaved))
-            self._unsaved = None
-        return self._lengths
+        return self.lengths.get(seq_id, self.sl_max)
 
     def decide(self, ctx: StepContext) -> Decision:
         if self.cfg.drafter not in resident_names(ctx):
             return Decision(arms={})
         ids = [v.seq_id for v in ctx.sequences]
-        if ids == self._ready_ids:  # observe already decided for exactly this batch
-            return self._ready
         if self.warm_left > 0:
             lengths = [self.sl_max] * len(ids)
         else:
-            get, sl_max = self._saved_lengths().get, self.sl_max
+            get, sl_max = self.lengths.get, self.sl_max
             lengths = [get(i, sl_max) for i in ids]
-        return self._decision(ids, lengths)
-
-    def _decision(self, ids, lengths) -> Decision:
         if self.cfg.batch_cap and lengths:
             cap = batch_cap(lengths)
             if max(lengths) > cap:
                 lengths = [k if k < cap else cap for k in lengths]
-        # lengths are >= SL_min >= 1; one Arm per length 0..SL_max, built once
+        # lengths are >= SL_min >= 1
         return Decision(arms=dict(zip(ids, map(self._arms.__getitem__, lengths))))
 
     def observe(self, outcome: StepOutcome) -> None:
-        self._ready_ids = None
         values = [s.kl for s in outcome.sequences]
         if all(values):  # the usual step: every sequence drafted with the model drafter
             ids = [s.seq_id for s in outcome.sequences]
@@ -312,37 +318,28 @@ class Dsde(Policy):
                 self.last_mu.update(zip(ids, map(mean_of, values)))  # needed once, at calibration
                 self.kl_pre.extend(chain.from_iterable(values))
             else:
-                sl = self._update_lengths(ids, rows, k)
-                if len(groups) == 1 and len(ids) == len(outcome.sequences):
-                    # the next step usually runs the same batch: decide for it now (same rule as decide)
-                    self._ready_ids, self._ready = ids, self._decision(ids, sl)
+                self._update_lengths(ids, rows, k)
         if self.warm_left > 0:
             self.warm_left -= 1
             if self.warm_left == 0:  # calibrate, then every sequence with history gets its SL^
                 self.sl_max = calibrate_sl_max(self.cfg.sl_a_max, self.kl_pre)
                 self._arms = {k: Arm(self.cfg.drafter, k) for k in range(self.sl_max + 1)}
-                self._lengths.clear()
-                self._unsaved = None
+                self.lengths.clear()
                 ids = list(self.kl.rows)
                 self._update_lengths(ids, self.kl.rows_of(ids), 0,
                                      np.array([self.last_mu.get(i, 0.0) for i in ids]))
                 self.last_mu.clear()
 
-    def _update_lengths(self, ids, rows: np.ndarray, k: int, mu=None) -> list:
+    def _update_lengths(self, ids, rows: np.ndarray, k: int, mu=None) -> None:
         """SL^ of the given sequences from their history rows (`KlHistories`);
         mu_KL,last is the mean of the k newest values unless given."""
         c = self.cfg
         m = moment_weights(c.delta, c.short_window, c.long_window, k).T @ rows.T  # [S1 | S2 | S0 | S0 | 2 mu, rows]
         if mu is not None:
             m[8] = 2.0 * mu
-        sl = lengths_from_moments(m, self.sl_max, c.sl_min).tolist()
-        if self._unsaved is not None and self._unsaved[0] != ids:
-            self._saved_lengths()
-        self._unsaved = (ids, sl)  # supersedes the same batch's previous lengths
-        return sl
+        self.lengths.update(zip(ids, lengths_from_moments(m, self.sl_max, c.sl_min).tolist()))
 
     def on_request_end(self, seq_id: int) -> None:
         self.kl.drop(seq_id)
         self.last_mu.pop(seq_id, None)
-        self._saved_lengths().pop(seq_id, None)
-        self._ready_ids = None
+        self.lengths.pop(seq_id, None)

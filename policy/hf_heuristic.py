@@ -51,7 +51,7 @@ class HfHeuristic(Policy):
     def observe(self, outcome: StepOutcome) -> None:
         gamma, nxt = self.gamma, self._next
         for s in outcome.sequences:
-            if s.gamma > 0 and s.seq_id in gamma:
+            if s.gamma > 0:
                 g = nxt.get((s.gamma, s.accepted))
                 if g is None:
                     g = nxt[(s.gamma, s.accepted)] = next_gamma(s.gamma, s.accepted, self.cfg.gamma_max)

@@ -15,7 +15,7 @@ from typing import Dict, Tuple
 from .bandits import EXP3, UCB, Bandit, DiscountedUCB, SequentialHalving, SlidingWindowUCB, UCBRows
 from .base import Policy, register, resident_names
 from .params import in_range, require
-from .rewards import bd_rewards, be_rewards
+from .rewards import bd_reward, be_reward
 from .types import Arm, Decision, StepContext, StepOutcome
 
 ALGORITHMS = ("ucb", "exp3", "sh", "ducb", "swucb")
@@ -109,7 +109,8 @@ class MetaSd(Policy):
             arms = [a for a in arms if a is not None]
         if not played:
             return
-        rewards = bd_rewards(played) if self.cfg.reward == "bd" else be_rewards(played)
+        reward = bd_reward if self.cfg.reward == "bd" else be_reward
+        rewards = [reward(s, s.gamma) for s in played]  # N_max = gamma, the tokens verified
         if self.table is not None:
             self.table.update([s.seq_id for s in played], arms, rewards)
             return

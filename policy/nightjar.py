@@ -107,7 +107,6 @@ class Nightjar(Policy):
         self.sums: Dict[Tuple[int, int], Tuple[float, float]] = {}  # (B, gamma) -> (sum of weighted l, weight)
         self.prev_gamma = 0
         self.memory = ElasticMemory(self.cfg.tau_low_frac, self.cfg.t_persist)
-        self._played: Optional[Tuple[int, int]] = None  # (B, gamma) of the pending step
 
     def _means(self, b: int) -> Dict[int, float]:
         return {g: s / n for (bb, g), (s, n) in self.sums.items() if bb == b and n > 0}
@@ -128,18 +127,22 @@ class Nightjar(Policy):
                 st.gamma = self.rng.randint(0, self.cfg.gamma_max) if g is None else g
         gamma = st.gamma if self.cfg.drafter in resident_names(ctx) else 0
         st.advance()
-        self._played = (b, gamma) if gamma == st.gamma else None  # forced-off steps teach nothing
         actions = self.memory.update(ctx, sd_enabled=gamma > 0) if self.cfg.elastic else []
         arms = {v.seq_id: Arm(self.cfg.drafter, gamma) for v in ctx.sequences} if gamma > 0 else {}
         return Decision(arms=arms, memory_actions=tuple(actions))
 
     def observe(self, outcome: StepOutcome) -> None:
-        played = self._played
-        gamma = max((s.gamma for s in outcome.sequences), default=0)
-        if played is not None and outcome.emitted > 0:
-            key = (outcome.batch_size, played[1])
+        """l~ of (B, the bin's gamma). A step whose drafter was not resident was forced off
+        whatever its bin chose: it teaches nothing (the outcome cannot tell which gamma the
+        bin had locked, so that holds for a bin of gamma 0 too)."""
+        seqs = outcome.sequences
+        played = max([s.gamma for s in seqs], default=0)
+        planned = max([s.gamma if s.planned_gamma is None else s.planned_gamma for s in seqs], default=0)
+        ctx = outcome.context
+        forced_off = ctx is not None and self.cfg.drafter not in resident_names(ctx)
+        if not forced_off and outcome.emitted > 0:
+            key = (outcome.batch_size, planned)
             s, n = self.sums.get(key, (0.0, 0))
             w = outcome.emitted if self.cfg.loss_average == "token" else 1  # token: sum T / sum tokens
             self.sums[key] = (s + w * latency_per_token(outcome), n + w)
-        self.prev_gamma = gamma
-        self._played = None
+        self.prev_gamma = played

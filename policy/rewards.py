@@ -1,7 +1,7 @@
 """StepOutcome -> reward: pure functions shared by every policy.
 
 Each policy's docstring names the reward it learns from. Vocabulary as in
-ALGORITHMS.md: a step emits accepted + 1 tokens per sequence; p = target, q = draft.
+README.md ("The step protocol"): a step emits accepted + 1 tokens per sequence; p = target, q = draft.
 """
 from __future__ import annotations
 
@@ -47,14 +47,13 @@ def bd_reward(seq: SequenceOutcome, n_max: int) -> float:
 
     >>> bd_reward(SequenceOutcome(0, "d", 2, 1, 2, tv=[0.1, 0.5]), 2)
     0.7
-    >>> bd_reward(SequenceOutcome(0, "ngram", 2, 1, 2, p_draft=[0.9, 0.3]), 4)
+    >>> round(bd_reward(SequenceOutcome(0, "ngram", 2, 1, 2, p_draft=[0.9, 0.3]), 4), 12)
     0.3
     """
     if n_max <= 0:
         return 0.0
-    if seq.tv:
-        return round(sum(1.0 - t for t in seq.tv) / n_max, 12)
-    return round(sum(seq.p_draft) / n_max, 12)
+    tv = seq.tv
+    return ((len(tv) - sum(tv)) if tv else sum(seq.p_draft)) / n_max  # sum(1 - TV_j), in one pass
 
 
 def tokens_per_second(outcome: StepOutcome) -> float:
@@ -132,24 +131,3 @@ def acceptance_trials(seq: SequenceOutcome, planned: Optional[int] = None) -> tu
     if planned <= 0:
         return 0, 0
     return seq.accepted, seq.accepted + (1 if seq.accepted < planned else 0)
-
-
-def bd_rewards(seqs: Sequence[SequenceOutcome]) -> list:
-    """`bd_reward(s, s.gamma)` for many sequences at once, in one pass over the records
-    (at ~64 short lists cheaper than any array construction). Not rounded, and 1 - TV
-    is summed as len - sum, so the last bit may differ from `bd_reward`.
-
-    >>> [round(r, 12) for r in bd_rewards([SequenceOutcome(0, "d", 2, 1, 2, tv=[0.1, 0.5]),
-    ...                                     SequenceOutcome(1, "ngram", 4, 1, 2, p_draft=[0.9, 0.3])])]
-    [0.7, 0.3]
-    """
-    return [((len(s.tv) - sum(s.tv) if s.tv else sum(s.p_draft)) / s.gamma) if s.gamma > 0 else 0.0 for s in seqs]
-
-
-def be_rewards(seqs: Sequence[SequenceOutcome]) -> list:
-    """`be_reward(s, s.gamma)` for many sequences at once.
-
-    >>> be_rewards([SequenceOutcome(0, "d", 4, accepted=2, emitted=3)])
-    [0.5]
-    """
-    return [s.accepted / s.gamma if s.gamma > 0 else 0.0 for s in seqs]

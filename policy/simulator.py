@@ -4,10 +4,10 @@
     python -m policy.simulator --env mixed --record trace.jsonl --policy static
     python -m policy.simulator --trace trace.jsonl --policy composite
 
-Synthetic runs (`simulate`) play the engine loop: continuous batching to the
-phase's batch size, decide -> draft (asking `continue_drafting`) ->
-`verify_lengths` -> accept -> observe, memory actions applied (reloads complete
-after `reload_steps`). Metrics per run:
+Synthetic runs (`simulate`) drive the policy through the same speculation
+component as the server (`policy.speculator`), with continuous batching to the
+phase's batch size, simulated drafters and a simulated target; memory actions are
+applied (reloads complete after `reload_steps`). Metrics per run:
 * regret: sum over steps of 1 - G_played / G*, where G = expected emitted tokens
   / expected step time of the arms actually played and G* the best uniform
   gamma with the best per-sequence drafter (myopic oracle, switch costs included);
@@ -33,8 +33,10 @@ import numpy as np
 from . import costmodel
 from .base import Policy
 from .environments import ENVIRONMENTS, Environment
+from .replay import read_trace
 from .rewards import tokens_per_second
-from .types import DrafterInfo, SequenceOutcome, SequenceView, StepContext, StepOutcome
+from .speculator import Active, Draft, Speculator, Verified
+from .types import DrafterInfo, SequenceView, StepContext, StepOutcome
 
 BEST_ARM_TOL = 0.02
 ORACLE_GAMMA_MAX = 8
@@ -95,11 +97,45 @@ class Request:
     max_new: int
     jitter: float
     generated: int = 0
-    last_drafter: Optional[str] = None
     uncaught: Dict[str, int] = field(default_factory=dict)
 
     def alpha(self, drafter: str) -> float:
         return float(np.clip(self.rtype.alpha_at(drafter, self.generated) + self.jitter, 0.01, 0.98))
+
+
+class SimulatedDrafter:
+    """A drafter of the synthetic environment: each draft position carries a latent
+    acceptance probability (the simulated target accepts it with that probability) and,
+    for a model drafter, a confidence; it drafts as a model drafter does, asking
+    `keep_going` between sub-steps."""
+
+    def __init__(self, spec, env: Environment, rng: np.random.Generator, requests: Dict[int, Request]):
+        self.name, self.is_model, self.size_blocks = spec.name, spec.is_model, spec.size_blocks
+        self.resident = True
+        self.env, self.rng, self.requests = env, rng, requests
+        self.latent: Dict[int, np.ndarray] = {}  # seq_id -> acceptance probability per drafted position
+
+    def propose_batch(self, requests, keep_going=None):
+        out = []
+        for r in requests:
+            acc, conf = self.env.sample_position(self.rng, self.requests[r.seq_id].alpha(self.name), r.gamma)
+            k = r.gamma
+            if self.is_model and keep_going is not None:
+                k = 1
+                while k < r.gamma and keep_going(r.seq_id, [float(x) for x in conf[:k]]):
+                    k += 1
+            self.latent[r.seq_id] = acc[:k]
+            out.append(Draft(tokens=[0] * k, confidences=[float(x) for x in conf[:k]] if self.is_model else [1.0] * k))
+        return out
+
+    def lag(self, seq_id: int, tokens) -> int:
+        return self.requests[seq_id].uncaught.get(self.name, 0)
+
+    def commit(self, seq_id: int, tokens) -> None:
+        pass
+
+    def release(self, seq_id: int) -> None:
+        self.latent.pop(seq_id, None)
 
 
 @dataclass
@@ -143,33 +179,47 @@ class RunResult:
         return sum(1 for x in g if x > 0) / max(len(g), 1)
 
 
-def _overrides(policy: Policy, method: str) -> bool:
-    return getattr(type(policy), method) is not getattr(Policy, method)
-
-
 def simulate(policy: Policy, env: Environment, steps: Optional[int] = None, seed: int = 0,
              record: Optional[Callable[[StepOutcome], None]] = None, tpot_slo_s: Optional[float] = None,
              policy_name: str = "") -> RunResult:
+    """Drive `policy` through the speculation component against the environment's
+    simulated drafters and target (see the module docstring)."""
     rng = np.random.default_rng(seed)  # acceptance and timing draws
     req_rng = np.random.default_rng([seed, 1])  # request stream: identical for every policy
-    names = [d.name for d in env.drafters]
-    is_model = {d.name: d.is_model for d in env.drafters}
-    resident = {d.name: True for d in env.drafters}
+    requests: Dict[int, Request] = {}
+    drafters = {d.name: SimulatedDrafter(d, env, rng, requests) for d in env.drafters}
+    names = list(drafters)
+    is_model = {n: d.is_model for n, d in drafters.items()}
+    spec = Speculator(policy, drafters, clock=lambda: 0.0, drafter_blocks=lambda n: drafters[n].size_blocks,
+                      on_outcome=record)
     reload_at: Dict[str, int] = {}
     kv_total = env.kv_total_blocks - sum(d.size_blocks for d in env.drafters if d.is_model)
     running: List[Request] = []
     next_id = 0
     weights = np.array([t.weight for t in env.request_types], float)
     weights /= weights.sum()
-    ask_continue, ask_verify = _overrides(policy, "continue_drafting"), _overrides(policy, "verify_lengths")
     res = RunResult(policy_name or policy.name, env.name, 0)
     clock, step = 0.0, 0
+
+    def apply_memory(actions) -> None:
+        nonlocal kv_total
+        for act in actions:
+            d = drafters.get(act.drafter)
+            if d is None or not d.is_model:
+                continue
+            if act.kind == "offload" and d.resident:
+                d.resident = False
+                kv_total += d.size_blocks
+            elif act.kind == "reload" and not d.resident and d.name not in reload_at:
+                reload_at[d.name] = step + env.reload_steps
+                kv_total -= d.size_blocks
+
     while clock < env.duration_s and (steps is None or step < steps):
         pi = env.phase_index(clock)
         phase = env.phases[pi]
         for d, at in list(reload_at.items()):
             if step >= at:
-                resident[d] = True
+                drafters[d].resident = True
                 del reload_at[d]
         while len(running) < phase.batch:
             rt = env.request_types[int(req_rng.choice(len(weights), p=weights))]
@@ -177,65 +227,32 @@ def simulate(policy: Policy, env: Environment, steps: Optional[int] = None, seed
                           int(req_rng.integers(*env.new_tokens, endpoint=True)), float(req_rng.normal(0, 0.03)),
                           uncaught={d.name: 0 for d in env.drafters if d.is_model})
             running.append(req)
-            policy.on_request_start(req.seq_id)
+            requests[req.seq_id] = req
+            spec.join(req.seq_id)
             next_id += 1
         used = sum(math.ceil((r.prompt_len + r.generated) / env.block_tokens) for r in running)
-        ctx = StepContext(
-            step=step,
-            sequences=[SequenceView(r.seq_id, r.prompt_len + r.generated, r.generated, r.max_new, 0.0,
-                                    r.last_drafter, dict(r.uncaught)) for r in running],
-            drafters=[DrafterInfo(d.name, d.is_model, resident[d.name], d.size_blocks) for d in env.drafters],
-            queue_len=phase.queue, kv_free_blocks=max(kv_total - used, 0), kv_total_blocks=kv_total,
-            tpot_slo_s=tpot_slo_s)
-        decision = policy.decide(ctx)
-        for act in decision.memory_actions:
-            spec = next((d for d in env.drafters if d.name == act.drafter and d.is_model), None)
-            if spec is None:
-                continue
-            if act.kind == "offload" and resident[spec.name]:
-                resident[spec.name] = False
-                kv_total += spec.size_blocks
-            elif act.kind == "reload" and not resident[spec.name] and spec.name not in reload_at:
-                reload_at[spec.name] = step + env.reload_steps
-                kv_total -= spec.size_blocks
+        # no room cap: the oracle drafts to the end of a request too (emitted tokens are capped)
+        active = [Active(r.seq_id, (), r.prompt_len + r.generated, r.generated, r.max_new) for r in running]
+        ctx = spec.context(step, active, queue_len=phase.queue, kv_free_blocks=max(kv_total - used, 0),
+                           kv_total_blocks=kv_total, tpot_slo_s=tpot_slo_s)
+        proposal = spec.propose(ctx, active, apply_memory=apply_memory)
 
-        # draft: sample latent acceptance probs and confidences, ask the policy between sub-steps
+        # what was played: drafted depth per drafter (the draft cost), verified tokens per sequence
         b = len(running)
-        plan = []
-        for r in running:
-            arm = decision.arm_for(r.seq_id)
-            d = arm.drafter if (arm.speculates and arm.drafter in resident and resident[arm.drafter]) else None
-            g = min(arm.gamma, 64) if d is not None else 0
-            acc, conf = env.sample_position(rng, r.alpha(d), g) if d else (np.zeros(0), np.zeros(0))
-            plan.append([r, d, g, acc, conf])
-        depth_of = {}
-        for item in plan:
-            r, d, g, acc, conf = item
-            k = g
-            if d is not None and is_model[d] and ask_continue:
-                k = 1
-                while k < g and policy.continue_drafting(ctx, r.seq_id, [float(x) for x in conf[:k]]):
-                    k += 1
-            item[2] = k
-            if d is not None and k > 0:
-                depth_of[d] = max(depth_of.get(d, 0), k)
-        if ask_verify:
-            drafts = {item[0].seq_id: [float(x) for x in item[4][:item[2]]] for item in plan if item[1] and item[2]}
-            if drafts:
-                lengths = policy.verify_lengths(ctx, drafts)
-                for item in plan:
-                    if item[0].seq_id in lengths:
-                        item[2] = max(0, min(item[2], int(lengths[item[0].seq_id])))
+        ds = [n if len(d) else None for n, d in zip(proposal.drafters, proposal.drafts)]
+        ks = [len(d) for d in proposal.drafts]
+        depth_of: Dict[str, int] = {}
+        for n, conf in zip(proposal.drafters, proposal.confidences):
+            if n is not None and conf:
+                depth_of[n] = max(depth_of.get(n, 0), len(conf))
 
         # expected value of what is played vs the oracle, before state changes
-        catching = [(r.uncaught.get(d, 0)) for r, d, k, _, _ in plan if d and k and is_model[d]]
+        catching = [r.uncaught.get(d, 0) for r, d in zip(running, ds) if d and is_model[d]]
         catch_up = costmodel.catch_up_time_s(max(catching), len(catching)) if catching else 0.0
-        ks = [k for _, _, k, _, _ in plan]
-        ds = [d for _, d, _, _, _ in plan]
         e_play = sum(float(expected_tokens_vec(np.array(r.alpha(d)), np.array(k))) if d and k else 1.0
-                     for r, d, k, _, _ in plan)
+                     for r, d, k in zip(running, ds, ks))
         t_play = expected_step_time(b, ks, ds, depth_of, is_model, catch_up)
-        res_names = [n for n in names if resident[n]] or names[:0]
+        res_names = [n for n in names if drafters[n].resident]
         if res_names:
             alphas = np.array([[r.alpha(n) for n in res_names] for r in running])
             unc = np.array([[r.uncaught.get(n, 0) for n in res_names] for r in running])
@@ -244,35 +261,30 @@ def simulate(policy: Policy, env: Environment, steps: Optional[int] = None, seed
             g_star = b / costmodel.decode_time_s(b)
         ratio = (e_play / t_play) / g_star
 
-        # verify + accept
-        seq_out = []
-        for r, d, k, acc, conf in plan:
+        # the simulated target verifies: each draft position is accepted with its latent probability
+        verdicts = []
+        for r, d, k in zip(running, ds, ks):
+            a = [float(x) for x in drafters[d].latent[r.seq_id][:k]] if d and k else []
             accepted = 0
-            if d and k:
-                draws = rng.random(k) < acc[:k]
+            if a:
+                draws = rng.random(k) < np.asarray(a)
                 accepted = int(np.argmin(draws)) if not draws.all() else k
-            emitted = min(accepted + 1, r.max_new - r.generated)
             model = bool(d and is_model[d])
-            a = [float(x) for x in acc[:k]]
-            arm = decision.arm_for(r.seq_id)
-            seq_out.append(SequenceOutcome(
-                r.seq_id, d, k, accepted, emitted, p_draft=a,
-                confidences=[float(x) for x in conf[:k]] if model else [1.0] * k,
-                kl=[-math.log(max(x, 1e-8)) for x in a] if model else [],
-                tv=[1.0 - x for x in a] if model else [],
-                planned_drafter=arm.drafter, planned_gamma=arm.gamma, drafted=k,
-                context_len=r.prompt_len + r.generated, catch_up=r.uncaught.get(d, 0) if d else 0))
+            verdicts.append(Verified(accepted, min(accepted + 1, r.max_new - r.generated), p_draft=a,
+                                     kl=[-math.log(max(x, 1e-8)) for x in a] if model else [],
+                                     tv=[1.0 - x for x in a] if model else []))
         noise = float(np.exp(rng.normal(0.0, env.time_noise)))
         t_draft = sum(costmodel.draft_time_s(sum(1 for x, k in zip(ds, ks) if x == d and k), depth_of[d], is_model[d])
                       for d in depth_of) * noise
         t_verify = costmodel.verify_time_s(b, sum(ks)) * noise
         total = t_draft + t_verify + catch_up * noise
-        outcome = StepOutcome(step, b, seq_out, draft_time_s=t_draft, verify_time_s=t_verify,
-                              total_time_s=total, kv_free_blocks=ctx.kv_free_blocks, queue_len=phase.queue,
-                              context=ctx, memory_actions=tuple(decision.memory_actions))
-        policy.observe(outcome)
-        if record is not None:
-            record(outcome)
+        for r, v in zip(running, verdicts):
+            r.generated += v.emitted
+        for r in [r for r in running if r.generated >= r.max_new]:
+            running.remove(r)
+            spec.leave(r.seq_id)
+        outcome = spec.commit(proposal, verdicts, [()] * b, draft_time_s=t_draft, verify_time_s=t_verify,
+                              total_time_s=total)
 
         # book-keeping
         step += 1
@@ -289,14 +301,12 @@ def simulate(policy: Policy, env: Environment, steps: Optional[int] = None, seed
         res.ratio.append(ratio)
         used_d = [d for d, k in zip(ds, ks) if d and k]
         res.drafter.append(max(set(used_d), key=used_d.count) if used_d else None)
-        for (r, d, k, _, _), so in zip(plan, seq_out):
-            r.generated += so.emitted
-            for m in r.uncaught:
-                r.uncaught[m] = 0 if (d == m and k > 0) else r.uncaught[m] + so.emitted
-            r.last_drafter = d if k > 0 else r.last_drafter
-        for r in [r for r in running if r.generated >= r.max_new]:
-            running.remove(r)
-            policy.on_request_end(r.seq_id)
+        for so in outcome.sequences:
+            req = requests[so.seq_id]
+            for m in req.uncaught:
+                req.uncaught[m] = 0 if (so.drafter == m and so.n_drafted > 0) else req.uncaught[m] + so.emitted
+            if req.generated >= req.max_new:
+                del requests[so.seq_id]
     return res
 
 
@@ -318,11 +328,6 @@ def _signature(arms: Iterable) -> tuple:
         return (None, 0)
     names = [d for d, _ in arms]
     return (max(set(names), key=names.count), max(g for _, g in arms))
-
-
-def read_trace(path: str) -> List[StepOutcome]:
-    with open(path) as f:
-        return [StepOutcome.from_dict(json.loads(line)) for line in f if line.strip()]
 
 
 def replay(policy: Policy, trace: List[StepOutcome], policy_name: str = "") -> ReplayResult:

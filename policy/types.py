@@ -1,7 +1,8 @@
-"""The vocabulary shared by the engine loop and every policy (see ALGORITHMS.md).
+"""The vocabulary shared by the speculation component and every policy (README.md,
+"The step protocol"; docs/algorithms.md).
 
 A *step* is one draft -> verify -> accept round for the running batch. Before a
-step the loop builds a `StepContext` and asks `Policy.decide()` for a `Decision`:
+step the speculator (policy/speculator.py) asks `Policy.decide()` for a `Decision`:
 one `Arm` (drafter, gamma) per running sequence plus optional memory actions.
 After the step it reports one `StepOutcome` through `Policy.observe()`.
 
@@ -100,7 +101,9 @@ class SequenceOutcome:
     drafter / gamma: what was played: the drafter that drafted and the number of draft
               tokens the target verified (0..planned; fewer when the drafter stopped early,
               had no continuation, was not resident, failed, or the policy eliminated some).
-    drafted:  tokens the drafter produced (>= gamma; the policy may verify fewer).
+    requested: the gamma asked of the drafter: the plan capped by the sequence's room (max
+              tokens, context) and the KV pool; 0 when its drafter was not resident.
+    drafted:  tokens the drafter produced (<= requested, >= gamma; the policy may verify fewer).
     accepted: draft tokens the target agreed with (0..gamma).
     emitted:  tokens appended to the output this step (accepted + 1, fewer only
               when the sequence stopped mid-step on EOS/stop word/max_tokens).
@@ -123,6 +126,7 @@ class SequenceOutcome:
     tv: list = field(default_factory=list)
     planned_drafter: Optional[str] = None
     planned_gamma: Optional[int] = None
+    requested: Optional[int] = None
     drafted: Optional[int] = None
     context_len: int = 0
     catch_up: int = 0

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything the project needs, idempotently (a second run takes seconds):
-#   1. the project venv (.venv) with pinned requirements (torch 2.13.0 CPU),
+#   1. the project venv (.venv) with pinned requirements (torch 2.13.0 CPU), and the project
+#      itself installed into it, editable (pyproject.toml),
 #   2. the real Triton Inference Server + Python backend from the nvidia-pytriton wheel,
 #   3. the default model, converted once into a cached safetensors checkpoint,
 #   4. the distilled model drafters (build_engines/distill_drafter.py): SPECSERVE_DRAFTER_PRESET=quick
@@ -25,6 +26,17 @@ if [ ! -x .venv/bin/python ] || ! cmp -s requirements.txt .venv/.requirements.in
   cp requirements.txt .venv/.requirements.installed
 else
   say ".venv up to date"
+fi
+# the project itself (policy, backend, build_engines; see pyproject.toml), editable and
+# without dependencies: edits are live, and tests, benchmarks and the Triton model.py
+# import the same sources. Reinstalled only when pyproject.toml or the checkout's path changes.
+project_stamp() { cat pyproject.toml; echo "# installed from $ROOT"; }
+if ! project_stamp | cmp -s - .venv/.project.installed; then
+  say "installing the project into .venv (editable)"
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps -e .
+  project_stamp > .venv/.project.installed
+else
+  say "project installed"
 fi
 
 # 2. Triton server ---------------------------------------------------------------

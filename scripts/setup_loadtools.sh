@@ -63,7 +63,7 @@
 # -u 127.0.0.1:GRPC --streaming --tokenizer LOCAL_HF_DIR --concurrency 2
 # --request-count 20 --artifact-dir DIR` against a decoupled Python-backend model.
 # (For tritonserver's Python backend: venv bin first on PATH and the Python's
-# lib dir on LD_LIBRARY_PATH, see ENVIRONMENT.md; that LD_LIBRARY_PATH does not
+# lib dir on LD_LIBRARY_PATH, see docs/environment.md; that LD_LIBRARY_PATH does not
 # affect this perf_analyzer wrapper.)
 #   * The Debian 13 .deb versions are pinned; if a Debian point release removed a
 #     pinned version from the mirror, the script falls back to the suite's

@@ -1,10 +1,8 @@
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 CHECKPOINT = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 
 

@@ -14,33 +14,9 @@ sub-step, model-free drafters inherit the per-sequence loop.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Type
+from typing import Dict, List, Optional, Sequence, Type
 
-import torch
-
-
-@dataclass
-class Draft:
-    tokens: list  # proposed token ids, len <= requested gamma
-    q: Optional[torch.Tensor] = None  # [len(tokens), V] or None (one-hot)
-    confidences: list = field(default_factory=list)  # q(d_j) per token
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-
-@dataclass
-class DraftRequest:
-    seq_id: int
-    tokens: Sequence[int]  # committed tokens
-    gamma: int
-    temperature: float = 0.0  # the request's; model drafters sample drafts from q at this temperature
-    generator: Optional[torch.Generator] = None
-
-
-# Asked between a model drafter's sub-steps: (seq_id, confidences so far) -> keep drafting?
-ContinueFn = Callable[[int, list], bool]
+from policy.speculator import ContinueFn, Draft, DraftRequest
 
 
 class Drafter(abc.ABC):

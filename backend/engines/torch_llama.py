@@ -9,7 +9,9 @@ cache grows by concatenation. This engine:
     padded to S = max n_b; padded tokens write to a scratch position (index ctx)
     that no real query ever attends to;
   * truncation (rejected drafts) is free: a sequence's valid length is just a
-    number owned by the caller, positions past it are overwritten later;
+    number owned by the caller, positions past it are overwritten later
+    (`truncate` exists for the engine contract, backend/engines/contract.py, and
+    only checks its arguments);
   * fuses q/k/v and gate/up projections, and computes logits only for the
     positions the caller asks for (the lm_head is the largest matrix).
 Attention uses the grouped-query trick: the g = heads/kv_heads query heads that
@@ -174,10 +176,55 @@ class TorchLlama:
         self.k_cache = [torch.zeros(cache_shape, dtype=self.dtype) for _ in range(s.layers)]
         self.v_cache = [torch.zeros(cache_shape, dtype=self.dtype) for _ in range(s.layers)]
 
+    # -- the engine contract's metadata (backend/engines/contract.py) ----------------
+    supports_hidden = True  # forward(return_hidden=True) gives the final-normed hidden states
+
+    @property
+    def name(self) -> str:
+        return "torch/" + ("bf16" if self.dtype == torch.bfloat16 else "fp32")
+
     @property
     def kv_bytes_per_token(self) -> int:
         s = self.shape
         return 2 * s.layers * s.kv_heads * s.head_dim * self.k_cache[0].element_size()
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Every slot is preallocated to max_context positions (plus one scratch position
+        per slot that padding writes to, not counted here)."""
+        return self.max_slots * self.max_context
+
+    def _check_slot(self, slot: int, what: str = "slot") -> None:
+        if not 0 <= slot < self.max_slots:
+            raise ValueError(f"{what} {slot} is out of range: this engine has slots 0..{self.max_slots - 1}")
+
+    def _check_batch(self, slots, starts, lens, logit_rows, tokens) -> None:
+        """The contract's limits, checked before anything is written (ValueError, cache untouched).
+        Python-level only: microseconds against a step of milliseconds."""
+        if not (len(slots) == len(starts) == len(lens)) or not lens:
+            raise ValueError(f"slots, starts and tokens must be non-empty and of equal length "
+                             f"({len(slots)}, {len(starts)}, {len(lens)})")
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"a slot appears twice in one forward: {list(slots)}")
+        for slot in slots:
+            self._check_slot(slot)
+        if min(lens) <= 0:
+            raise ValueError("every sequence must append at least one token")
+        for st, n in zip(starts, lens):
+            if st < 0:
+                raise ValueError(f"negative start position {st}")
+            if st + n > self.max_context:
+                raise ValueError(f"sequence would exceed the context window ({st}+{n} > {self.max_context})")
+        if tokens is not None:
+            lo, hi, vocab = min(min(t) for t in tokens), max(max(t) for t in tokens), self.embed.shape[0]
+            if lo < 0 or hi >= vocab:
+                raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {vocab})")
+        if logit_rows is not None:
+            if len(logit_rows) != len(lens):
+                raise ValueError(f"logit_rows has {len(logit_rows)} entries for {len(lens)} sequences")
+            for rows, n in zip(logit_rows, lens):
+                if any(not 0 <= r < n for r in rows) or any(a >= b for a, b in zip(rows, rows[1:])):
+                    raise ValueError(f"logit_rows {list(rows)} must be strictly increasing indices in [0, {n})")
 
     # -- forward ---------------------------------------------------------------
     @torch.inference_mode()
@@ -192,17 +239,16 @@ class TorchLlama:
         final-normed hidden states (what the head reads; a feature drafter's input) of
         every new position, [sum of len(tokens[b]), hidden] in batch order. `embeds[b]`
         ([len(tokens[b]), hidden]), when given, replaces the token embeddings (a feature
-        drafter's inputs); `tokens` then only sets the lengths.
+        drafter's inputs); `tokens` then only sets the lengths. `embeds`, and a head over a
+        drafter's draft vocabulary, are this engine's extensions for model drafters; the rest
+        is the engine contract (backend/engines/contract.py), whose limits raise ValueError
+        before anything is written.
         """
         s = self.shape
         B = len(slots)
         lens = [len(t) for t in tokens]
+        self._check_batch(slots, starts, lens, logit_rows, tokens if embeds is None else None)
         S = max(lens)
-        if min(lens) <= 0:
-            raise ValueError("every sequence must append at least one token")
-        for st, n in zip(starts, lens):
-            if st + n > self.max_context:
-                raise ValueError(f"sequence would exceed the context window ({st}+{n} > {self.max_context})")
         ids = torch.zeros(B, S, dtype=torch.long)
         pos = torch.empty(B, S, dtype=torch.long)
         valid = torch.zeros(B, S, dtype=torch.bool)
@@ -269,8 +315,24 @@ class TorchLlama:
         return (logits, x[valid]) if return_hidden else logits
 
     # -- cache management ------------------------------------------------------
+    def truncate(self, slot: int, length: int) -> None:
+        """Forget the slot's positions >= length: nothing to do here, because the cached
+        length is the caller's number and a forward at start s overwrites positions >= s
+        (attention only reads positions < s + new tokens). Checks its arguments only."""
+        self._check_slot(slot)
+        if not 0 <= length <= self.max_context:
+            raise ValueError(f"truncate length {length} is outside [0, {self.max_context}]")
+
     def move_slot(self, src: int, dst: int, length: int) -> None:
-        """Copy the first `length` cached positions of slot src into slot dst."""
+        """Copy the first `length` cached positions of slot src into slot dst. The contract
+        calls src empty afterwards; here its tensors keep their values, unread until a
+        forward at start 0 overwrites them."""
+        self._check_slot(src, "source slot")
+        self._check_slot(dst, "destination slot")
+        if src == dst:
+            raise ValueError(f"move_slot from slot {src} to itself")
+        if not 0 <= length <= self.max_context:
+            raise ValueError(f"move_slot length {length} is outside [0, {self.max_context}]")
         for kc, vc in zip(self.k_cache, self.v_cache):
             kc[dst, :, :length] = kc[src, :, :length]
             vc[dst, :, :length] = vc[src, :, :length]

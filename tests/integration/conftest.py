@@ -12,5 +12,8 @@ SERVER_ENV = {  # small limits so the bad-input cases are cheap to reach
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory, checkpoint):
-    with running_server(SERVER_ENV, tmp_path_factory.mktemp("triton")) as srv:
+    log_dir = tmp_path_factory.mktemp("triton")
+    trace = log_dir / "trace.jsonl"  # every step the server runs (tests/integration/test_replay_server.py)
+    with running_server(dict(SERVER_ENV, SPECSERVE_TRACE_FILE=str(trace)), log_dir) as srv:
+        srv.trace_file = trace
         yield srv

@@ -61,6 +61,5 @@ def test_loss_is_averaged_per_emitted_token():
     for average, expected in (("token", 0.0275), ("step", 0.035)):
         pol = make_policy("nightjar", drafter="draft", elastic=False, loss_average=average, rng=random.Random(0))
         for accepted, total in ((0, 0.05), (2, 0.06)):
-            pol._played = (1, 2)
             pol.observe(outcome([seq(0, gamma=2, accepted=accepted)], total=total))
         assert pol._means(1)[2] == pytest.approx(expected)
