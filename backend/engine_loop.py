@@ -440,16 +440,7 @@ class EngineLoop:
 
     def _send(self, seq: Sequence, final: bool) -> None:
         try:
-            if seq.request.stream:
-                chunk = seq.chunk(finish=final)
-                if chunk.text or final:
-                    seq.sink.send(chunk, final)
-            elif final:
-                chunk = seq.chunk(finish=True)
-                chunk.text = seq.output_text()
-                if not seq.request.exclude_input_in_output:
-                    chunk.text = seq.request.prompt + chunk.text
-                seq.sink.send(chunk, True)
+            seq.respond(final)
         except Exception:
             # The client is gone (or the sender broke): stop generating for it.
             log.warning("sending to sequence %d failed; cancelling it", seq.seq_id, exc_info=True)

@@ -100,6 +100,21 @@ class Sequence:
                      num_draft_tokens=self.drafted, num_accepted_tokens=self.accepted,
                      finish_reason=self.finish_reason)
 
+    def respond(self, final: bool) -> None:
+        """Send what the client should see now: a streaming chunk (if it has text, or is the
+        last), or the whole output once finished (with the prompt unless excluded, as in
+        TensorRT-LLM). Raises whatever the sink raises."""
+        if self.request.stream:
+            chunk = self.chunk(finish=final)
+            if chunk.text or final:
+                self.sink.send(chunk, final)
+        elif final:
+            chunk = self.chunk(finish=True)
+            chunk.text = self.output_text()
+            if not self.request.exclude_input_in_output:
+                chunk.text = self.request.prompt + chunk.text
+            self.sink.send(chunk, True)
+
     def output_text(self) -> str:
         end = self.stop_at if self.stop_at is not None else len(self.detok.text)
         return self.detok.text[:end]

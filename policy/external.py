@@ -71,11 +71,8 @@ class IterationDrafter:
         """-> draft tokens per request id (an empty list: no speculation this iteration).
         `finished`: requests that completed since the last call, with their final tokens, where
         the engine can tell (their last step is then learned from too)."""
-        now = {r.request_id: r for r in list(finished) + list(requests)}
-        self._close(now)
-        for rid in [rid for rid in self._known if rid not in now]:
-            self.spec.leave(rid)
-            del self._known[rid]
+        self._close({r.request_id: r for r in list(finished) + list(requests)})
+        self._forget_all_but({r.request_id for r in requests})
         for r in requests:
             if r.request_id not in self._known:
                 self.spec.join(r.request_id)
@@ -93,7 +90,15 @@ class IterationDrafter:
 
     def finish(self, finished: Sequence[Generating] = ()) -> Optional[StepOutcome]:
         """Close the last iteration (at shutdown, or when the engine goes idle)."""
-        return self._close({r.request_id: r for r in finished})
+        outcome = self._close({r.request_id: r for r in finished})
+        self._forget_all_but(set())
+        return outcome
+
+    def _forget_all_but(self, generating: set) -> None:
+        """Requests no longer generating (finished, cancelled) leave the speculator."""
+        for rid in [rid for rid in self._known if rid not in generating]:
+            self.spec.leave(rid)
+            del self._known[rid]
 
     def _close(self, now: Dict[int, Generating]) -> Optional[StepOutcome]:
         """Commit the previous iteration's proposal from the tokens committed since. A

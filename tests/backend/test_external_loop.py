@@ -6,8 +6,9 @@ import pytest
 
 from backend.drafters import make_drafter
 from backend.engines.torch_llama import TorchLlama
+from own_loop import OwnLoopEngine
 from policy import POLICIES, make_policy
-from policy.external import Generating, IterationDrafter
+from policy.external import IterationDrafter
 from policy.simulator import DEFAULT_PARAMS
 from policy.speculator import Speculator
 
@@ -29,53 +30,6 @@ def engine(checkpoint):
 @pytest.fixture(scope="module")
 def prompts(tokenizer):
     return [tokenizer(p).input_ids for p in PROMPTS]
-
-
-class OwnLoopEngine:
-    """A stand-in for an engine with its own scheduler: admits requests into free slots,
-    prefills them, and each iteration asks the hook for drafts, verifies them greedily
-    with one ragged forward and commits the accepted tokens plus one."""
-
-    def __init__(self, engine, hook=None):
-        self.engine, self.hook = engine, hook
-        self.iterations = self.drafted = self.accepted = 0
-
-    def generate(self, prompts, max_new):
-        waiting = list(enumerate(prompts))
-        running = {}  # slot -> [request_id, tokens, prompt_len]
-        done, finished = {}, []
-        while waiting or running:
-            for slot in range(self.engine.max_slots):
-                if slot not in running and waiting:
-                    rid, ids = waiting.pop(0)
-                    logits = self.engine.forward([slot], [0], [ids], logit_rows=[[len(ids) - 1]])
-                    running[slot] = [rid, list(ids) + [int(logits[0].argmax())], len(ids)]
-            reqs = [Generating(rid, list(toks), plen, max_new) for rid, toks, plen in running.values()]
-            drafts = self.hook.step(reqs, finished=finished, kv_free_blocks=10, kv_total_blocks=20) if self.hook else {}
-            finished = []
-            slots = list(running)
-            inputs = [[running[s][1][-1]] + drafts.get(running[s][0], []) for s in slots]
-            logits = self.engine.forward(slots, [len(running[s][1]) - 1 for s in slots], inputs)
-            argmax, row = logits.argmax(-1).tolist(), 0
-            self.iterations += 1
-            for s, inp in zip(slots, inputs):
-                rid, toks, plen = running[s]
-                draft, n = inp[1:], len(inp)
-                out = argmax[row: row + n]
-                row += n
-                k = 0
-                while k < len(draft) and draft[k] == out[k]:
-                    k += 1
-                self.drafted += len(draft)
-                self.accepted += k
-                toks.extend(out[: k + 1][: max_new - (len(toks) - plen)])
-                if len(toks) - plen >= max_new:
-                    done[rid] = toks[plen:]
-                    finished.append(Generating(rid, list(toks), plen, max_new))
-                    del running[s]
-        if self.hook:
-            self.hook.finish(finished)
-        return [done[i] for i in range(len(prompts))]
 
 
 @pytest.fixture(scope="module")

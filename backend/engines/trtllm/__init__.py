@@ -1,0 +1,17 @@
+"""TensorRT-LLM serving path (PyTorch backend, `tensorrt_llm.LLM`). NOT YET RUN ON A GPU.
+
+TensorRT-LLM owns its loop (scheduler, paged KV cache, verification, streaming), so it
+does not implement our engine contract; our speculation component runs inside its
+per-iteration drafter hook instead:
+
+  _api.py     the only importer of `tensorrt_llm` (lazily, inside functions)
+  drafter.py  AdaptiveDrafter: TensorRT-LLM `Drafter` subclass wrapping policy.external.IterationDrafter
+  serving.py  build_llm (LLM + UserProvidedDecodingConfig + KV cache from our ServerConfig) and
+              TrtllmService (GenerationRequest in, Chunks out, as on the CPU)
+
+Written against TensorRT-LLM 1.2.x; see docs/trtllm.md. Importing this package never
+imports `tensorrt_llm`.
+"""
+from ._api import available
+
+__all__ = ["available"]

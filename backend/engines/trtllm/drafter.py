@@ -1,0 +1,229 @@
+"""The speculation component inside TensorRT-LLM's per-iteration drafter hook.
+
+NOT YET RUN ON A GPU. Written against TensorRT-LLM 1.2.x (the release/1.2 line,
+PyTorch backend) and tested only against a fake `tensorrt_llm` shaped after those
+sources (tests/backend/trtllm/, which records the upstream names it relies on).
+
+TensorRT-LLM's PyExecutor owns scheduling, the paged KV cache, verification and
+streaming. With `speculative_config=UserProvidedDecodingConfig(max_draft_len=N,
+drafter=AdaptiveDrafter(...))` it calls, once per iteration, after the scheduler and
+`ResourceManager.prepare_resources` and before the target forward:
+
+    drafter.prepare_draft_tokens(scheduled_requests, resource_manager)
+    drafter.pad_draft_tokens_for_cuda_graph(scheduled_requests)   # upstream: pads to N with 0s
+
+What `AdaptiveDrafter.prepare_draft_tokens` reads and sets:
+  reads   scheduled_requests.generation_requests (context requests are not drafted for;
+          their count stands in for the queue length), per request `py_request_id`,
+          `get_tokens(0)` (prompt + committed tokens), `py_orig_prompt_len`,
+          `py_max_new_tokens`, `sampling_config` (temperature / top_k / top_p), `state`;
+          the KV cache manager's `get_kv_cache_stats()` (`free_num_blocks`, `max_num_blocks`);
+  runs    `policy.external.IterationDrafter.step`: closes the previous iteration from the
+          tokens committed since (accepted = common prefix of draft and committed tokens),
+          then asks the policy for (drafter, gamma) per request and drafts with our drafters;
+  sets    `request.py_draft_tokens` = the draft (0..N tokens; an empty list means no
+          speculation for that request). TensorRT-LLM 1.2 pads every generation request's
+          draft to N with token 0 for CUDA graphs, so the target still verifies N positions:
+          gamma chooses what is proposed, not (yet) what verification costs.
+
+Requests that finished or were cancelled are not scheduled again; the requests seen the
+previous iteration are kept by reference, and those now in state GENERATION_COMPLETE are
+handed to the speculator as finished (their final tokens close their last step), so the
+drafters and the policy forget them. A request that is merely not scheduled (paused for
+lack of KV blocks) is treated as gone and rejoins when it comes back.
+
+Run TensorRT-LLM with `disable_overlap_scheduler=True`: with the overlap scheduler the
+hook runs before the previous iteration's tokens are committed, which breaks the
+"committed since the last iteration" inference (upstream tests the user-provided drafter
+only without it).
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from typing import Dict, List, Optional, Tuple
+
+from policy.external import Generating, IterationDrafter
+from policy.types import StepOutcome
+
+from . import _api
+
+log = logging.getLogger("specserve.trtllm")
+
+_MAX_STATS = 4096  # per-request counters kept for the serving layer (oldest dropped beyond this)
+
+
+def _first(value):
+    """Sampling-config fields are optional vectors in the bindings (one value per beam)."""
+    if isinstance(value, (list, tuple)):
+        return value[0] if value else None
+    return value
+
+
+def request_temperature(sampling_config) -> float:
+    """The request's sampling temperature as the policy sees it; 0.0 means greedy.
+    TensorRT-LLM samples greedily when top_k is 1, temperature is 0, or nothing is set."""
+    if sampling_config is None:
+        return 0.0
+    t, k, p = _first(sampling_config.temperature), _first(sampling_config.top_k), _first(sampling_config.top_p)
+    if k == 1 or t == 0 or (t is None and not k and p is None):
+        return 0.0
+    return float(t) if t is not None else 1.0
+
+
+def _is_dummy(request) -> bool:
+    """Padding requests TensorRT-LLM adds itself (attention DP, CUDA graphs): not ours to draft for."""
+    return bool(getattr(request, "is_attention_dp_dummy", False) or getattr(request, "is_cuda_graph_dummy", False))
+
+
+def _generating(request) -> Generating:
+    return Generating(request_id=int(request.py_request_id), tokens=[int(t) for t in request.get_tokens(0)],
+                      prompt_len=int(request.py_orig_prompt_len), max_new_tokens=int(request.py_max_new_tokens),
+                      temperature=request_temperature(request.sampling_config))
+
+
+def kv_blocks(resource_manager) -> Tuple[int, int]:
+    """(free, total) blocks of the target's KV cache; (0, 0) when TensorRT-LLM shows none."""
+    if resource_manager is None:
+        return 0, 0
+    manager = resource_manager.get_resource_manager(_api.kv_cache_manager_type())
+    if manager is None:
+        return 0, 0
+    stats = manager.get_kv_cache_stats()
+    return int(stats.free_num_blocks), int(stats.max_num_blocks)
+
+
+class _Tee:
+    """Outcome callback chain (a class, not a closure: the drafter must pickle, since
+    TensorRT-LLM ships the speculative config to its worker process unless
+    TLLM_WORKER_USE_SINGLE_PROCESS=1)."""
+
+    def __init__(self, first, then):
+        self.first, self.then = first, then
+
+    def __call__(self, outcome: StepOutcome) -> None:
+        self.first(outcome)
+        if self.then is not None:
+            self.then(outcome)
+
+
+class AdaptiveDrafterLogic:
+    """The hook's logic; `AdaptiveDrafter` is this on top of TensorRT-LLM's `Drafter` base
+    (built when first asked for, since the base is only importable in the container).
+
+    NOT YET RUN ON A GPU. Inside the TensorRT-LLM container (serving.build_llm does this):
+
+        drafter = AdaptiveDrafter(IterationDrafter(Speculator(policy, drafters), max_draft_len=8))
+        LLM(model, speculative_config=UserProvidedDecodingConfig(max_draft_len=8, drafter=drafter),
+            disable_overlap_scheduler=True)
+    """
+
+    def __init__(self, iteration_drafter: IterationDrafter, max_draft_len: Optional[int] = None, *,
+                 max_concurrency: Optional[int] = None):
+        n = iteration_drafter.max_draft_len if max_draft_len is None else int(max_draft_len)
+        if n <= 0:
+            raise ValueError(f"max_draft_len must be positive, got {n}")
+        # Upstream 1.2: pad_draft_tokens_for_cuda_graph pads to max_total_draft_tokens, so both are set.
+        super().__init__(max_draft_len=n, max_total_draft_tokens=n, max_concurrency=max_concurrency)
+        self.iteration_drafter = iteration_drafter
+        self.draft_cap = min(n, iteration_drafter.max_draft_len)
+        self.hook_errors = 0
+        self._seen: Dict[int, object] = {}  # request id -> the LlmRequest scheduled last iteration
+        self._lock = threading.Lock()
+        self._stats: "collections.OrderedDict[int, List[int]]" = collections.OrderedDict()  # id -> [drafted, accepted]
+        self._client_ids: Dict[int, int] = {}  # LLM API request id (client id) -> executor request id
+        spec = iteration_drafter.spec
+        spec.on_outcome = _Tee(self._count, spec.on_outcome)
+
+    # -- the hook --------------------------------------------------------------------------
+    def prepare_draft_tokens(self, scheduled_requests, resource_manager=None) -> None:
+        requests = [r for r in scheduled_requests.generation_requests if not _is_dummy(r)]
+        try:
+            drafts = self._drafts(scheduled_requests, requests, resource_manager)
+        except Exception:  # never take TensorRT-LLM's executor loop down: no speculation this iteration
+            self.hook_errors += 1
+            log.exception("the speculation component failed; no drafts this iteration")
+            drafts = {}
+        for r in requests:
+            r.py_draft_tokens = [int(t) for t in drafts.get(int(r.py_request_id), ())][: self.draft_cap]
+
+    def _drafts(self, scheduled_requests, requests, resource_manager) -> Dict[int, List[int]]:
+        generating = [_generating(r) for r in requests]
+        now = {g.request_id for g in generating}
+        done = _api.generation_complete_state()
+        finished = [_generating(r) for rid, r in self._seen.items() if rid not in now and r.state == done]
+        self._seen = {g.request_id: r for g, r in zip(generating, requests)}
+        for g, r in zip(generating, requests):
+            client = getattr(r, "py_client_id", None)
+            if client is not None:
+                self._client_ids[int(client)] = g.request_id
+        free, total = kv_blocks(resource_manager)
+        return self.iteration_drafter.step(generating, finished=finished, kv_free_blocks=free, kv_total_blocks=total,
+                                           queue_len=len(scheduled_requests.context_requests))
+
+    def finish(self) -> Optional[StepOutcome]:
+        """Close the last iteration (at shutdown): requests seen last that have since completed
+        close their last step from their final tokens."""
+        done = _api.generation_complete_state()
+        finished = [_generating(r) for r in self._seen.values() if r.state == done]
+        self._seen = {}
+        return self.iteration_drafter.finish(finished)
+
+    def __getstate__(self):  # the lock does not pickle; everything else must (see _Tee)
+        state = dict(self.__dict__)
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    # -- per-request counters for the serving layer ---------------------------------------------
+    def _count(self, outcome: StepOutcome) -> None:
+        with self._lock:
+            for s in outcome.sequences:
+                st = self._stats.get(s.seq_id)
+                if st is None:
+                    st = self._stats[s.seq_id] = [0, 0]
+                    while len(self._stats) > _MAX_STATS:
+                        old, _ = self._stats.popitem(last=False)
+                        self._client_ids = {c: r for c, r in self._client_ids.items() if r != old}
+                st[0] += s.gamma
+                st[1] += s.accepted
+
+    def request_stats(self, client_id: int) -> Tuple[int, int]:
+        """(draft tokens proposed, accepted) so far for the LLM API request `client_id`; (0, 0)
+        when unknown (e.g. the drafter runs in TensorRT-LLM's worker process)."""
+        with self._lock:
+            rid = self._client_ids.get(int(client_id))
+            st = self._stats.get(rid) if rid is not None else None
+            return (st[0], st[1]) if st else (0, 0)
+
+    def forget(self, client_id: int) -> None:
+        with self._lock:
+            rid = self._client_ids.pop(int(client_id), None)
+            if rid is not None:
+                self._stats.pop(rid, None)
+
+
+_CLASSES: Dict[type, type] = {}
+
+
+def adaptive_drafter_class() -> type:
+    """`AdaptiveDrafter(AdaptiveDrafterLogic, tensorrt_llm...Drafter)`, built once per base class."""
+    base = _api.drafter_base()
+    cls = _CLASSES.get(base)
+    if cls is None:
+        cls = type("AdaptiveDrafter", (AdaptiveDrafterLogic, base),
+                   {"__module__": __name__, "__qualname__": "AdaptiveDrafter", "__doc__": AdaptiveDrafterLogic.__doc__})
+        _CLASSES[base] = cls
+    return cls
+
+
+def __getattr__(name: str):
+    # `from backend.engines.trtllm.drafter import AdaptiveDrafter` (and unpickling in TensorRT-LLM's
+    # worker process) resolve the class lazily, against whichever `tensorrt_llm` is importable.
+    if name == "AdaptiveDrafter":
+        return adaptive_drafter_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

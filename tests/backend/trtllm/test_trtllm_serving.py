@@ -1,0 +1,132 @@
+"""Serving on TensorRT-LLM (backend/engines/trtllm/serving.py) against the fake `tensorrt_llm`:
+`build_llm` builds the LLM our config describes with our drafter in it, and `TrtllmService`
+answers requests exactly as the CPU engine loop does (same text, streamed chunks joining to
+it, stop words, max_tokens, finish_reason), cancels and refuses like it. The fake LLM runs
+the fake executor (speculating through our hook, verifying on the torch engine)."""
+import time
+from pathlib import Path
+
+import pytest
+
+from backend.offline import ListSink, make_loop, run_all
+from backend.request import GenerationRequest, RequestError
+from backend.server_config import ServerConfig
+
+ROOT = Path(__file__).resolve().parents[3]
+MAX_CONTEXT = 128
+
+
+@pytest.fixture
+def served(fake_trtllm, trt_engine, checkpoint, monkeypatch, upstream_record):
+    from tensorrt_llm import _fake
+
+    from backend.engines.trtllm.serving import TrtllmService
+    from fake_executor import FakePyExecutor
+
+    executors = []
+
+    def factory(llm):
+        executors.append(FakePyExecutor(trt_engine, llm.drafter, llm.args["speculative_config"].max_draft_len))
+        return executors[-1]
+
+    _fake.EXECUTOR_FACTORY = factory
+    monkeypatch.setenv("TLLM_WORKER_USE_SINGLE_PROCESS", "1")
+    cfg = ServerConfig(checkpoint=str(checkpoint), dtype="fp32", max_batch=3, max_context=MAX_CONTEXT,
+                       max_tokens_limit=64)
+    svc = TrtllmService.from_config(cfg, ROOT, max_draft_len=4)
+    svc.start()
+    yield svc, executors[0]
+    svc.stop()
+    assert svc.llm.shut_down
+    outside = sorted((k, n) for k, n in _fake.ACCESSES
+                     if n not in set(upstream_record["classes"][k].get("attributes", []))
+                     | set(upstream_record["classes"][k].get("methods", {})))
+    assert not outside, f"serving touched names outside the upstream record: {outside}"
+
+
+def wait(sinks, timeout=120.0):
+    end = time.monotonic() + timeout
+    while not all(s.done for s in sinks):
+        assert time.monotonic() < end, "requests did not finish"
+        time.sleep(0.01)
+
+
+def serve(svc, requests):
+    sinks = [ListSink() for _ in requests]
+    for r, s in zip(requests, sinks):
+        svc.submit(r, s)
+    wait(sinks)
+    return sinks
+
+
+def cpu(engine, tokenizer, requests):
+    return run_all(make_loop(engine, tokenizer, policy="off", max_context=MAX_CONTEXT), requests)
+
+
+def test_build_llm_passes_our_config_and_drafter(served):
+    svc, ex = served
+    args = svc.llm.args
+    spec = args["speculative_config"]
+    assert spec.drafter is svc.drafter and spec.max_draft_len == 4 == spec.max_total_draft_tokens
+    assert args["disable_overlap_scheduler"] is True and args["skip_tokenizer_init"] is True
+    assert args["max_batch_size"] == 3 and args["max_seq_len"] == MAX_CONTEXT
+    assert args["kv_cache_config"].max_tokens == 3 * MAX_CONTEXT
+    assert ex.drafter is svc.drafter
+
+
+def test_responses_are_those_of_the_cpu_path(served, trt_engine, tokenizer):
+    svc, ex = served
+    plain = cpu(trt_engine, tokenizer, [GenerationRequest(prompt="1, 2, 3, 4, 5, 6,", max_tokens=24,
+                                                          exclude_input_in_output=True)])
+    text = plain[0].chunks[-1].text
+    stop = text[len(text) // 2: len(text) // 2 + 3]
+    assert stop.strip(), f"no stop word to cut {text!r} with"
+    reqs = [
+        GenerationRequest(prompt="Repeat exactly: the river runs, the river runs, the river runs.", max_tokens=20,
+                          stream=True),
+        GenerationRequest(prompt="The capital of France is", max_tokens=12),  # echoes the prompt
+        GenerationRequest(prompt="1, 2, 3, 4, 5, 6,", max_tokens=24, stop_words=[stop], stream=True),
+        GenerationRequest(prompt="def add(a, b):\n    return a + b\n", max_tokens=1, stream=True),
+    ]
+    ours, theirs = serve(svc, reqs), cpu(trt_engine, tokenizer, reqs)
+    for r, a, b in zip(reqs, ours, theirs):
+        assert not a.errors and a.done
+        assert a.text == b.text, r
+        fa, fb = a.chunks[-1], b.chunks[-1]
+        assert (fa.finish_reason, fa.num_input_tokens, fa.num_output_tokens) == \
+               (fb.finish_reason, fb.num_input_tokens, fb.num_output_tokens), r
+        assert all(c.finish_reason is None for c in a.chunks[:-1])
+    assert ours[0].chunks[-1].finish_reason == "length" and ours[0].chunks[-1].num_output_tokens == 20
+    assert ours[1].text.startswith("The capital of France is") and len(ours[1].chunks) == 1
+    assert ours[2].chunks[-1].finish_reason == "stop" and stop not in ours[2].text
+    assert ours[3].chunks[-1].num_output_tokens == 1
+    assert sum(c.num_draft_tokens for c in (s.chunks[-1] for s in ours)) > 0, "no speculation was reported"
+    for s in ours:
+        last = s.chunks[-1]
+        assert 0 <= last.num_accepted_tokens <= last.num_draft_tokens
+
+
+def test_a_cancelled_request_stops_and_is_aborted(served):
+    svc, ex = served
+
+    class CancelAfterFirst(ListSink):
+        def cancelled(self):
+            return len(self.chunks) >= 1
+
+    sink = CancelAfterFirst()
+    svc.submit(GenerationRequest(prompt="1, 2, 3, 4, 5, 6,", max_tokens=60, stream=True), sink)
+    wait([sink])
+    assert sink.chunks[-1].finish_reason == "cancelled" and sink.chunks[-1].num_output_tokens < 60
+    (rid,) = [rid for rid, r in ex.done.items()]
+    assert ex.done[rid].finish_reason == "cancelled"
+    assert svc.cancelled == 1
+
+
+def test_bad_requests_are_refused_like_on_the_cpu(served):
+    svc, _ = served
+    with pytest.raises(RequestError, match="context window"):
+        svc.submit(GenerationRequest(prompt="word " * 200, max_tokens=4), ListSink())
+    with pytest.raises(RequestError, match="outside the vocabulary"):
+        svc.submit(GenerationRequest(prompt="hi", max_tokens=4, end_id=10**7), ListSink())
+    with pytest.raises(RequestError, match="max_tokens"):
+        svc.submit(GenerationRequest(prompt="hi", max_tokens=65), ListSink())
