@@ -176,6 +176,7 @@ class EngineLoop:
                     continue
             except Exception:  # keep serving: fail the batch's requests, never hang them
                 log.exception("engine step failed; failing the running requests")
+                self.spec.abandon()
                 for seq in self.running + list(self.waiting):
                     self._fail(seq, "internal error in the engine step; see the server log")
                 self.running, self.waiting = [], collections.deque()

@@ -244,10 +244,7 @@ class Speculator:
                 context_len=s.context_len,
                 catch_up=view.uncaught_tokens.get(name, 0) if view is not None and name else 0))
         self._in_step = False
-        for seq_id in self._release_after_step:
-            for d in self.drafters.values():
-                d.release(seq_id)
-        self._release_after_step.clear()
+        self._release_deferred()
         left = tuple(self._left)
         self._left.clear()
         total = self.clock() - p.started_s if total_time_s is None else total_time_s
@@ -264,7 +261,18 @@ class Speculator:
             self.on_outcome(outcome)
         return outcome
 
+    def abandon(self) -> None:
+        """The step in flight failed before its commit: release what waited for it."""
+        self._in_step = False
+        self._release_deferred()
+
     # -- helpers ---------------------------------------------------------------------------
+    def _release_deferred(self) -> None:
+        for seq_id in self._release_after_step:
+            for d in self.drafters.values():
+                d.release(seq_id)
+        self._release_after_step.clear()
+
     def _gamma(self, decision: Decision, s: Active) -> int:
         """The policy's gamma, capped by the sequence's room; 0 when its drafter is
         unknown or not resident."""
