@@ -327,45 +327,58 @@ class EngineLoop:
         logits, feats = self._forward([s.slot for s in batch], [s.kv_len for s in batch], inputs)
 
         t_accept = self.clock()
-        verdicts = self._accept(proposal, batch, logits, feats)
+        verdicts, failed = self._accept(proposal, batch, logits, feats)
         t_io = self.clock()
-        self._emit(batch)  # may retire finished sequences
+        self._emit([s for s in batch if s not in failed])  # may retire finished sequences
         t_end = self.clock()
         self.spec.commit(proposal, verdicts, [s.tokens for s in batch], verify_time_s=t_accept - t_verify,
                          accept_time_s=t_io - t_accept, io_time_s=t_end - t_io, total_time_s=t_end - t_start)
+        for seq in failed:  # after the step: vacating moves slots the step still read
+            self._fail(seq, "internal error while verifying this request; see the server log")
 
-    def _accept(self, proposal: Proposal, batch: List[Sequence], logits: torch.Tensor, feats) -> List[Verified]:
+    def _accept(self, proposal: Proposal, batch: List[Sequence], logits: torch.Tensor, feats):
         """Verify each sequence's draft against the target's logits (lossless) and commit
-        the emitted tokens. logits: [sum(1 + len(draft)), V], sequences in batch order."""
+        the emitted tokens. logits: [sum(1 + len(draft)), V], sequences in batch order.
+        -> (verdicts in batch order, sequences whose verification raised: they emit nothing
+        and are failed after the step; the others are unaffected)."""
         argmax = logits.argmax(dim=-1).tolist()
-        verdicts, row = [], 0
+        verdicts, failed, row = [], [], 0
         for seq, draft in zip(batch, proposal.drafts):
             n = len(draft) + 1
-            p = None
-            if seq.request.sampling.greedy:
-                verdict = accept_greedy(argmax[row: row + n], draft.tokens)
-            else:
-                p = target_probs(logits[row: row + n], seq.request.sampling)
-                if draft.q is None:  # one-hot drafts: reproducible from the seed whatever was drafted
-                    verdict = accept_sampling_positional(p, draft.tokens, seq.seed, len(seq.tokens))
-                else:
-                    verdict = accept_sampling(p, draft.tokens, draft.q, seq.generator)
-            kl, tv = [], []
-            if draft.q is not None and len(draft):  # a model drafter: how far q is from p
-                p_rows = p[: len(draft)] if p is not None else torch.softmax(logits[row: row + len(draft)], -1)
-                kl, tv = divergences(p_rows, draft.q)
-            self._share_features(seq, seq.kv_len, feats, row, 1 + verdict.accepted)  # what stays cached
+            try:
+                verdicts.append(self._accept_one(seq, draft, logits[row: row + n], argmax[row: row + n], feats, row))
+            except Exception:
+                log.exception("verifying sequence %d failed; failing it alone", seq.seq_id)
+                verdicts.append(Verified(accepted=0, emitted=0))
+                failed.append(seq)
             row += n
-            # Cached now: the pending token + the accepted drafts; the rejected drafts are forgotten.
-            seq.kv_len += 1 + verdict.accepted
-            self.pool.truncate(seq.seq_id, seq.kv_len)
-            self.engine.truncate(seq.slot, seq.kv_len)
-            seq.drafted += len(draft)
-            seq.accepted += verdict.accepted
-            seq.append(verdict.tokens, self.cfg.limits.max_context)
-            verdicts.append(Verified(accepted=verdict.accepted, emitted=len(verdict.tokens),
-                                     p_draft=verdict.p_draft, kl=kl, tv=tv))
-        return verdicts
+        return verdicts, failed
+
+    def _accept_one(self, seq: Sequence, draft, logits: torch.Tensor, argmax: List[int], feats, row: int) -> Verified:
+        """One sequence: logits [1 + len(draft), V] of its pending token and drafts (rows
+        row.. of the step's features)."""
+        p = None
+        if seq.request.sampling.greedy:
+            verdict = accept_greedy(argmax, draft.tokens)
+        else:
+            p = target_probs(logits, seq.request.sampling)
+            if draft.q is None:  # one-hot drafts: reproducible from the seed whatever was drafted
+                verdict = accept_sampling_positional(p, draft.tokens, seq.seed, len(seq.tokens))
+            else:
+                verdict = accept_sampling(p, draft.tokens, draft.q, seq.generator)
+        kl, tv = [], []
+        if draft.q is not None and len(draft):  # a model drafter: how far q is from p
+            p_rows = p[: len(draft)] if p is not None else torch.softmax(logits[: len(draft)], -1)
+            kl, tv = divergences(p_rows, draft.q)
+        self._share_features(seq, seq.kv_len, feats, row, 1 + verdict.accepted)  # what stays cached
+        # Cached now: the pending token + the accepted drafts; the rejected drafts are forgotten.
+        seq.kv_len += 1 + verdict.accepted
+        self.pool.truncate(seq.seq_id, seq.kv_len)
+        self.engine.truncate(seq.slot, seq.kv_len)
+        seq.drafted += len(draft)
+        seq.accepted += verdict.accepted
+        seq.append(verdict.tokens, self.cfg.limits.max_context)
+        return Verified(accepted=verdict.accepted, emitted=len(verdict.tokens), p_draft=verdict.p_draft, kl=kl, tv=tv)
 
     def _record(self, outcome: StepOutcome) -> None:
         """Every closed step: trace, statistics, the caller's hook."""

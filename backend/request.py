@@ -8,6 +8,9 @@ from typing import Optional, Sequence
 from .sampling import SamplingParams
 
 
+MIN_TEMPERATURE = 1e-6  # smallest positive temperature: logits / t stays finite in float32
+
+
 class RequestError(ValueError):
     """A request the server must refuse with a clear message (never a crash)."""
 
@@ -42,6 +45,8 @@ def validate(req: GenerationRequest, limits: Limits) -> GenerationRequest:
     s = req.sampling
     if not math.isfinite(s.temperature) or s.temperature < 0:
         raise RequestError(f"temperature must be >= 0, got {s.temperature}")
+    if 0 < s.temperature < MIN_TEMPERATURE:  # logits / t would overflow float32 (denormals included)
+        raise RequestError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {s.temperature}")
     if not (math.isfinite(s.top_p) and 0.0 < s.top_p <= 1.0):
         raise RequestError(f"top_p must be in (0, 1], got {s.top_p}")
     if s.top_k < 0:

@@ -133,14 +133,18 @@ class Proposal:
 FitFn = Callable[[Dict[int, int]], Dict[int, int]]
 
 
+def _no_blocks(drafter: str) -> int:
+    return 0
+
+
 class Speculator:
     def __init__(self, policy: Policy, drafters: Mapping[str, DrafterLike], *,
                  clock: Clock = time.perf_counter,
-                 drafter_blocks: Callable[[str], int] = lambda name: 0,
+                 drafter_blocks: Optional[Callable[[str], int]] = None,
                  on_outcome: Optional[Callable[[StepOutcome], None]] = None):
         self.policy, self.drafters, self.clock, self.on_outcome = policy, dict(drafters), clock, on_outcome
         self.model_drafters = {n: d for n, d in self.drafters.items() if d.is_model}
-        self.drafter_blocks = drafter_blocks
+        self.drafter_blocks = drafter_blocks or _no_blocks  # a named function: the component pickles
         self.last_drafter: Dict[int, str] = {}  # seq_id -> the drafter that last drafted for it
         self.drafter_errors = 0
         self._joined: List[int] = []

@@ -7,6 +7,7 @@ from backend.drafters import Drafter
 from backend.engine_loop import prefill_groups
 from backend.engines.torch_llama import TorchLlama
 from backend.request import GenerationRequest, RequestError
+from backend.sampling import SamplingParams
 from loop_helpers import ListSink, greedy, make_loop, run_all
 
 
@@ -52,6 +53,7 @@ def test_cancel_frees_the_slot(engine, tokenizer):
     (GenerationRequest(prompt="hi", max_tokens=0), "max_tokens must be a positive integer"),
     (GenerationRequest(prompt="word " * 300, max_tokens=4), "context window"),
     (GenerationRequest(prompt="hi", max_tokens=4, end_id=10**6), "end_id"),
+    (GenerationRequest(prompt="hi", max_tokens=4, sampling=SamplingParams(temperature=1e-40)), "temperature must be 0"),
 ])
 def test_refusals_name_the_problem(engine, tokenizer, request_, message):
     loop = make_loop(engine, tokenizer)
@@ -89,3 +91,32 @@ def test_a_seed_reproduces_sampled_text_whatever_the_policy_drafts(checkpoint, t
     spec, loop = run("static", drafter="ngram", gamma=4)
     assert spec == plain and plain
     assert loop.stats.accepted > 0
+
+
+def test_a_request_whose_verification_fails_fails_alone(checkpoint, tokenizer, monkeypatch):
+    """One sequence's exception in the step (here: its sampling raises) fails that request
+    only; the others in the same steps finish exactly as they would alone, and everything
+    the failed one held is released."""
+    import backend.engine_loop as engine_loop
+
+    engine = TorchLlama(checkpoint, dtype="fp32", max_slots=4, max_context=128)  # fp32: batch-invariant here
+    prompts = [f"Count from {i} to {i + 8}:" for i in range(3)]
+    alone = [s.text for s in run_all(make_loop(engine, tokenizer, "off", max_batch=4), [greedy(p, 12) for p in prompts])]
+    real = engine_loop.target_probs
+
+    calls = []
+
+    def broken(logits, params):  # its first token (prefill) samples; its first step raises
+        if params.temperature == 0.7:
+            calls.append(1)
+            if len(calls) > 1:
+                raise FloatingPointError("this request's sampling broke")
+        return real(logits, params)
+
+    monkeypatch.setattr(engine_loop, "target_probs", broken)
+    loop = make_loop(engine, tokenizer, "static", max_batch=4, drafter="ngram", gamma=3)
+    bad = greedy("Count from 5 to 20:", 12, sampling=SamplingParams(temperature=0.7, top_k=1))
+    sinks = run_all(loop, [greedy(p, 12) for p in prompts[:2]] + [bad] + [greedy(prompts[2], 12)])
+    assert [s.text for i, s in enumerate(sinks) if i != 2] == alone
+    assert sinks[2].errors and "internal error" in sinks[2].errors[0]
+    assert not loop.running and loop.pool.num_free == loop.pool.num_blocks
