@@ -252,19 +252,22 @@ class EngineLoop:
                 self.spec.join(seq.seq_id)
         if not new:
             return
-        t0 = self.clock()
+        t0, failed = self.clock(), []
         for group in prefill_groups([len(s.prefill_ids) for s in new]):
-            self._prefill([new[i] for i in group])
+            failed += self._prefill([new[i] for i in group])
         self.stats.prefills += len(new)
         self.stats.prefill_time_s += self.clock() - t0
-        self._emit(new)
+        for seq in failed:  # after every group: vacating moves slots
+            self._fail(seq, "internal error while starting this request; see the server log")
+        self._emit([s for s in new if s not in failed])
 
-    def _prefill(self, new: List[Sequence]) -> None:
+    def _prefill(self, new: List[Sequence]) -> List[Sequence]:
         """One ragged forward for these prompts; logits only at each prompt's last position.
-        A preempted sequence recomputes its cache (all tokens but the pending one) and samples nothing."""
+        A preempted sequence recomputes its cache (all tokens but the pending one) and samples nothing.
+        -> the sequences whose first token could not be sampled (to fail alone)."""
         logits, feats = self._forward([s.slot for s in new], [0] * len(new), [s.prefill_ids for s in new],
                                       logit_rows=[[len(s.prefill_ids) - 1] for s in new])
-        row = 0
+        row, failed = 0, []
         for i, seq in enumerate(new):
             n = len(seq.prefill_ids)
             self._share_features(seq, 0, feats, row, n)
@@ -274,9 +277,15 @@ class EngineLoop:
             self.spec.sync(seq.seq_id, seq.tokens if resumed else seq.prompt_ids)  # where the prompt ends
             if resumed:
                 continue
-            first = self._sample_one(seq, logits[i: i + 1])
+            try:
+                first = self._sample_one(seq, logits[i: i + 1])
+            except Exception:
+                log.exception("sampling the first token of sequence %d failed; failing it alone", seq.seq_id)
+                failed.append(seq)
+                continue
             seq.first_token_s = self.clock()
             seq.append([first], self.cfg.limits.max_context)
+        return failed
 
     def _forward(self, slots, starts, tokens, logit_rows=None):
         """The target's forward: (logits, features of every new position, or None when no

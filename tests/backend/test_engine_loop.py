@@ -93,7 +93,7 @@ def test_a_seed_reproduces_sampled_text_whatever_the_policy_drafts(checkpoint, t
     assert loop.stats.accepted > 0
 
 
-def test_a_request_whose_verification_fails_fails_alone(checkpoint, tokenizer, monkeypatch):
+def test_a_request_that_fails_in_prefill_or_a_step_fails_alone(checkpoint, tokenizer, monkeypatch):
     """One sequence's exception in the step (here: its sampling raises) fails that request
     only; the others in the same steps finish exactly as they would alone, and everything
     the failed one held is released."""
@@ -106,17 +106,22 @@ def test_a_request_whose_verification_fails_fails_alone(checkpoint, tokenizer, m
 
     calls = []
 
-    def broken(logits, params):  # its first token (prefill) samples; its first step raises
-        if params.temperature == 0.7:
+    def broken(logits, params):
+        if params.temperature == 0.7:  # its first token (prefill) samples; its first step raises
             calls.append(1)
             if len(calls) > 1:
                 raise FloatingPointError("this request's sampling broke")
+        if params.temperature == 0.8:  # its first token raises
+            raise FloatingPointError("this request's first token broke")
         return real(logits, params)
 
     monkeypatch.setattr(engine_loop, "target_probs", broken)
     loop = make_loop(engine, tokenizer, "static", max_batch=4, drafter="ngram", gamma=3)
-    bad = greedy("Count from 5 to 20:", 12, sampling=SamplingParams(temperature=0.7, top_k=1))
-    sinks = run_all(loop, [greedy(p, 12) for p in prompts[:2]] + [bad] + [greedy(prompts[2], 12)])
-    assert [s.text for i, s in enumerate(sinks) if i != 2] == alone
-    assert sinks[2].errors and "internal error" in sinks[2].errors[0]
+    bad_step = greedy("Count from 5 to 20:", 12, sampling=SamplingParams(temperature=0.7, top_k=1))
+    bad_start = greedy("Count from 6 to 20:", 12, sampling=SamplingParams(temperature=0.8, top_k=1))
+    sinks = run_all(loop, [greedy(prompts[0], 12), bad_start, greedy(prompts[1], 12), bad_step,
+                           greedy(prompts[2], 12)])
+    assert [sinks[i].text for i in (0, 2, 4)] == alone
+    assert sinks[1].errors and "internal error while starting" in sinks[1].errors[0]
+    assert sinks[3].errors and "internal error while verifying" in sinks[3].errors[0]
     assert not loop.running and loop.pool.num_free == loop.pool.num_blocks
