@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional
 
-from .base import Policy, register, resident_names
+from .base import Policy, is_model_drafter, register, resident_names
 from .goodput import (adaspec_step_time, cumulative_confidence, eliminate, expected_emitted,
                       expected_emitted_uniform, slo_goodput)
 from .params import in_range
@@ -58,15 +58,17 @@ class AdaSpec(Policy):
         s = sum(v.context_len for v in ctx.sequences)
         n = sum(lengths.get(v.seq_id, 0) + 1 for v in ctx.sequences)
         k = max(lengths.values(), default=0)
+        if not is_model_drafter(ctx, self.cfg.drafter):  # model-free drafting costs no draft steps
+            draft_steps = 0
         t = adaspec_step_time(self.profile, k, b, s, draft_steps=draft_steps, n_tokens=n)
         e = expected_emitted([cum.get(v.seq_id, []) for v in ctx.sequences],
                              [lengths.get(v.seq_id, 0) for v in ctx.sequences])
         return slo_goodput(e, t, ctx.tpot_slo_s)
 
-    def _uniform(self, b: int, s: int, k: int, tpot_slo_s: Optional[float]) -> float:
+    def _uniform(self, b: int, s: int, k: int, tpot_slo_s: Optional[float], model: bool) -> float:
         """G with every one of the b sequences drafting k tokens at confidence c̄
         (`_goodput` with identical per-sequence inputs, computed once)."""
-        t = adaspec_step_time(self.profile, k, b, s, draft_steps=k, n_tokens=(k + 1) * b)
+        t = adaspec_step_time(self.profile, k, b, s, draft_steps=k if model else 0, n_tokens=(k + 1) * b)
         e = expected_emitted_uniform(cumulative_confidence([self.c_bar] * k), k, b)
         return slo_goodput(e, t, tpot_slo_s)
 
@@ -76,7 +78,8 @@ class AdaSpec(Policy):
         if self.cfg.drafter not in resident_names(ctx) or not ctx.sequences:
             return Decision(arms={})
         b, s = ctx.batch_size, sum(v.context_len for v in ctx.sequences)
-        if self._uniform(b, s, 1, ctx.tpot_slo_s) <= self._uniform(b, s, 0, ctx.tpot_slo_s):
+        model = is_model_drafter(ctx, self.cfg.drafter)
+        if self._uniform(b, s, 1, ctx.tpot_slo_s, model) <= self._uniform(b, s, 0, ctx.tpot_slo_s, model):
             return Decision(arms={})
         arm = self._arm
         return Decision(arms={v.seq_id: arm for v in ctx.sequences})

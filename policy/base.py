@@ -74,6 +74,12 @@ def resident_names(ctx: StepContext) -> set:
     return {d.name for d in ctx.drafters if d.resident}
 
 
+def is_model_drafter(ctx: StepContext, name: str) -> bool:
+    """Whether `name` is a model drafter (one that costs draft steps); model-free drafters
+    (n-gram, suffix lookup) draft at no step cost."""
+    return any(d.name == name and d.is_model for d in ctx.drafters)
+
+
 def bucket_of(batch_size: int) -> int:
     """Power-of-two batch-size bucket: 1, 2, 4 (3-4), 8 (5-8), 16, ...
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from .base import Policy, register, resident_names
+from .base import Policy, is_model_drafter, register, resident_names
 from .goodput import adaspec_step_time, expected_tokens
 from .params import in_range
 from .profiles import StepTimeProfile
@@ -53,7 +53,9 @@ class SmartSpec(Policy):
         if self.cfg.drafter not in resident_names(ctx) or not ctx.sequences:
             return Decision(arms={})
         b, s = ctx.batch_size, sum(v.context_len for v in ctx.sequences)
-        g = best_gamma(self.alpha, self.cfg.gamma_max, lambda k: adaspec_step_time(self.profile, k, b, s))
+        model = is_model_drafter(ctx, self.cfg.drafter)  # a model-free drafter costs no draft steps
+        g = best_gamma(self.alpha, self.cfg.gamma_max,
+                       lambda k: adaspec_step_time(self.profile, k, b, s, draft_steps=k if model else 0))
         if g == 0:
             return Decision(arms={})
         return Decision(arms={v.seq_id: Arm(self.cfg.drafter, g) for v in ctx.sequences})

@@ -66,3 +66,18 @@ def test_running_mean_confidence():
 
 def test_ignores_missing_drafter():
     assert _policy().decide(ctx(batch=2, drafters=(NGRAM,))).arms == {}
+
+
+def test_a_model_free_drafter_costs_no_draft_steps():
+    """With a draft step as costly as a target step, drafting one token never pays for a
+    model drafter at the initial confidence (0.6), but does for the n-gram drafter, whose
+    drafts cost nothing but their verification."""
+    costly = StepTimeProfile((1024,), (1, 2, 4, 8), ((0.011, 0.012, 0.014, 0.018),),
+                             ((0.011,) * 4,), (0.0,) * 4, (0.0,) * 4)
+    model = make_policy("adaspec", drafter="draft", profile=costly, rng=random.Random(0))
+    free = make_policy("adaspec", drafter="ngram", profile=costly, rng=random.Random(0))
+    assert not model.decide(ctx(batch=1)).arms
+    assert free.decide(ctx(batch=1)).arms
+    smart_model = make_policy("smartspec", drafter="draft", profile=costly)
+    smart_free = make_policy("smartspec", drafter="ngram", profile=costly)
+    assert not smart_model.decide(ctx(batch=1)).arms and smart_free.decide(ctx(batch=1)).arms
