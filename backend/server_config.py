@@ -15,6 +15,7 @@ from typing import Mapping
 @dataclass(frozen=True)
 class ServerConfig:
     checkpoint: str = ".cache/models/smollm2-135m-instruct"  # any local HF Llama-family dir
+    engine: str = "torch"  # torch (our loop) | trtllm (TensorRT-LLM's PyTorch backend on a GPU; not yet run on one)
     dtype: str = "bf16"  # bf16 | fp32
     max_batch: int = 32  # running sequences per model instance
     max_context: int = 2048  # prompt + output tokens per sequence
@@ -47,6 +48,8 @@ class ServerConfig:
         if unknown:
             raise ValueError(f"unknown config parameters: {', '.join(sorted(unknown))}")
         cfg = cls(**values)
+        if cfg.engine not in ("torch", "trtllm"):
+            raise ValueError(f"engine must be torch or trtllm, got {cfg.engine!r}")
         if cfg.dtype not in ("bf16", "fp32"):
             raise ValueError(f"dtype must be bf16 or fp32, got {cfg.dtype!r}")
         return cfg

@@ -57,6 +57,15 @@ def build_loop(cfg: ServerConfig, root: Path) -> EngineLoop:
     return EngineLoop(engine, tokenizer, drafters, load_policy(cfg, root), loop_cfg, on_outcome=on_outcome)
 
 
+def build_service(cfg: ServerConfig, root: Path):
+    """What serves the requests: our EngineLoop, or (engine=trtllm) TensorRT-LLM's PyTorch
+    backend with our speculation in its drafter hook. Both take submit/start/stop."""
+    if cfg.engine == "trtllm":
+        from .engines.trtllm.serving import TrtllmService
+        return TrtllmService.from_config(cfg, root)
+    return build_loop(cfg, root)
+
+
 def build_drafter(name: str, cfg: ServerConfig, root: Path, engine: TorchLlama) -> Drafter:
     """A registered drafter by name, else a model drafter built by build_engines/distill_drafter.py."""
     if name in DRAFTERS:

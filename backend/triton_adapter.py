@@ -18,11 +18,12 @@ from typing import Optional
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from .engine_loop import EngineLoop
 from .request import GenerationRequest, RequestError, decode_utf8
 from .sampling import SamplingParams
 from .sequence import Chunk
 from .server_config import ServerConfig
-from .service import build_loop
+from .service import build_service
 
 log = logging.getLogger("specserve")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -189,9 +190,13 @@ class TritonPythonModel:
         self.root = Path(params.pop("project_root", "") or Path(__file__).resolve().parents[1])
         self.cfg = ServerConfig.load(params)
         log.info("config: %s", self.cfg)
-        self.loop = build_loop(self.cfg, self.root)
+        self.loop = build_service(self.cfg, self.root)
         self.loop.start()
-        self.metrics = MetricsPublisher(self.loop)
+        self.metrics = None
+        if isinstance(self.loop, EngineLoop):
+            self.metrics = MetricsPublisher(self.loop)
+        else:
+            log.warning("the specserve_* metrics are not yet published for engine=%s", self.cfg.engine)
 
     def execute(self, requests):
         for request in requests:
@@ -206,5 +211,6 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
-        self.metrics.stop()
+        if self.metrics is not None:
+            self.metrics.stop()
         self.loop.stop()

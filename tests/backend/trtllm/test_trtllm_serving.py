@@ -130,3 +130,15 @@ def test_bad_requests_are_refused_like_on_the_cpu(served):
         svc.submit(GenerationRequest(prompt="hi", max_tokens=4, end_id=10**7), ListSink())
     with pytest.raises(RequestError, match="max_tokens"):
         svc.submit(GenerationRequest(prompt="hi", max_tokens=65), ListSink())
+
+
+def test_the_engine_setting_selects_the_trtllm_service(monkeypatch, checkpoint):
+    from backend.engines.trtllm.serving import TrtllmService
+    from backend.service import build_service
+
+    built = []
+    monkeypatch.setattr(TrtllmService, "from_config", classmethod(lambda cls, cfg, root: built.append(cfg) or "svc"))
+    assert build_service(ServerConfig.load({"engine": "trtllm", "checkpoint": str(checkpoint)}, env={}), ROOT) == "svc"
+    assert built and built[0].engine == "trtllm"
+    with pytest.raises(ValueError, match="engine must be torch or trtllm"):
+        ServerConfig.load({"engine": "vllm"}, env={})

@@ -1,0 +1,119 @@
+"""Entry point of the containers (docker/Dockerfile, docker/Dockerfile.trtllm).
+
+    entrypoint.py serve     start Triton with the project's model repository (the CPU image's default);
+                            with SPECSERVE_AUTO_PREPARE=1 it runs `prepare` first
+    entrypoint.py prepare   fill the model cache, offline: convert the default model from the GGUF baked
+                            into the image and measure this host's step-time profile (scripts/setup.sh
+                            steps 3-5); each part is skipped when already there
+    entrypoint.py check     exit 0 iff Triton answers 200 on /v2/health/ready (the health check)
+
+The model cache is a volume mounted at /cache (models/, drafters/, profiles/); the image links
+`<project>/.cache/{models,drafters,profiles}` to it, so every default path in
+model_repository/llm/config.pbtxt and configs/policies/*.yaml resolves unchanged. The Triton
+binaries stay in the image (`<project>/.cache/triton`), never in the volume.
+
+`serve` reuses backend/launcher.py's command line and environment, with one difference: inside a
+container Triton must listen on all interfaces (SPECSERVE_BIND_ADDRESS, default 0.0.0.0), or the
+published ports would reach nothing; docker/docker-compose.yml publishes them on the host's
+127.0.0.1 only.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(os.environ.get("SPECSERVE_ROOT") or Path(__file__).resolve().parents[1])
+DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_PROFILE = "smollm2-135m-bf16.json"
+ADDRESS_FLAGS = ("--http-address=", "--grpc-address=", "--metrics-address=")
+
+
+def log(msg: str) -> None:
+    print(f"[entrypoint] {msg}", flush=True)
+
+
+def env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name) or default)
+
+
+def bind_all(cmd: list, address: str) -> list:
+    """The launcher's tritonserver command with every listen address replaced by `address`."""
+    out = []
+    for arg in cmd:
+        flag = next((f for f in ADDRESS_FLAGS if arg.startswith(f)), None)
+        out.append(flag + address if flag else arg)
+    return out
+
+
+def checkpoint() -> Path:
+    ckpt = Path(os.environ.get("SPECSERVE_CHECKPOINT") or f".cache/models/{DEFAULT_MODEL}")
+    return ckpt if ckpt.is_absolute() else ROOT / ckpt
+
+
+def serve() -> int:
+    from backend.launcher import Ports, server_command, server_env
+
+    if os.environ.get("SPECSERVE_AUTO_PREPARE") == "1":
+        prepare()
+    ckpt = checkpoint()
+    if not (ckpt / "config.json").exists():
+        log(f"no checkpoint at {ckpt}. Put a Hugging Face Llama-family directory there (the cache volume is "
+            f"mounted at /cache; models live in /cache/models/<name>), mount a cache made by "
+            f"scripts/setup.sh (SPECSERVE_CACHE=../.cache), or, on the CPU image, run `prepare` once.")
+        return 2
+    ports = Ports(env_int("HTTP_PORT", 8000), env_int("GRPC_PORT", 8001), env_int("METRICS_PORT", 8002))
+    cmd = bind_all(server_command(ROOT / "model_repository", ports),
+                   os.environ.get("SPECSERVE_BIND_ADDRESS") or "0.0.0.0")
+    log(f"serving {ckpt} on HTTP {ports.http}, gRPC {ports.grpc}, metrics {ports.metrics}")
+    os.execve(cmd[0], cmd, server_env())
+    return 1  # not reached
+
+
+def run(*args: str) -> None:
+    log(" ".join(args))
+    subprocess.run([sys.executable, "-m", *args], cwd=ROOT, check=True)
+
+
+def prepare() -> int:
+    """scripts/setup.sh steps 3-5 into the cache volume; a part already there costs nothing."""
+    cache = ROOT / ".cache"
+    for part in ("models", "drafters", "profiles"):
+        (cache / part).resolve().mkdir(parents=True, exist_ok=True)  # the volume may be empty
+    ckpt = cache / "models" / DEFAULT_MODEL
+    if not (ckpt / "manifest.json").exists():  # ~1 min: dequantise the GGUF shipped in the image
+        gguf_dir = os.environ.get("SPECSERVE_GGUF_DIR") or str(ROOT / "gguf")
+        run("build_engines.convert_target", "--out", str(ckpt), "--download-cache", gguf_dir)
+    preset = os.environ.get("SPECSERVE_PREPARE_DRAFTERS", "")  # "", "quick" or "full" (minutes to an hour)
+    if preset:
+        run("build_engines.distill_drafter", "--preset", preset, "--target", str(ckpt), "--out", str(cache / "drafters"))
+    profile = cache / "profiles" / DEFAULT_PROFILE  # what configs/policies/composite.yaml reads
+    if preset or not profile.exists():  # a few minutes: this host's step times
+        run("build_engines.profile_costs", "--repeats", "3", "--drafter-dir", str(cache / "drafters"),
+            "--checkpoint", str(ckpt), "--out", str(profile))
+    log("model cache ready")
+    return 0
+
+
+def check() -> int:
+    url = f"http://127.0.0.1:{env_int('HTTP_PORT', 8000)}/v2/health/ready"
+    try:
+        with urllib.request.urlopen(url, timeout=3) as r:
+            return 0 if r.status == 200 else 1
+    except OSError:
+        return 1
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    commands = {"serve": serve, "prepare": prepare, "check": check}
+    if len(argv) != 1 or argv[0] not in commands:
+        print(__doc__, file=sys.stderr)
+        return 64
+    return commands[argv[0]]()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

