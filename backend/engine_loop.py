@@ -43,7 +43,7 @@ from .drafters import Drafter
 from .kv_blocks import OutOfBlocks
 from .memory import KVMemory
 from .ragged import prefill_groups
-from .request import GenerationRequest, Limits, RequestError, validate
+from .request import GenerationRequest, Limits, RequestError, prompt_ids, validate
 from .sampling import (accept_greedy, accept_sampling, accept_sampling_positional, divergences,
                        position_generator, target_probs)
 from .sequence import Sequence
@@ -129,15 +129,7 @@ class EngineLoop:
 
     # -- submission (any thread) ---------------------------------------------------
     def tokenize(self, req: GenerationRequest) -> List[int]:
-        if req.apply_chat_template:
-            if not getattr(self.tok, "chat_template", None):
-                raise RequestError("this model has no chat template; send apply_chat_template=false")
-            ids = self.tok.apply_chat_template([{"role": "user", "content": req.prompt}], tokenize=True,
-                                               add_generation_prompt=True)
-            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-        else:
-            ids = self.tok(req.prompt).input_ids
-        return list(ids)
+        return prompt_ids(self.tok, req)
 
     def submit(self, req: GenerationRequest, sink) -> int:
         """Validate, tokenize and enqueue; raises RequestError for a bad request."""

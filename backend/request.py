@@ -58,6 +58,19 @@ def validate(req: GenerationRequest, limits: Limits) -> GenerationRequest:
     return req
 
 
+def prompt_ids(tokenizer, req: GenerationRequest) -> list:
+    """The request's prompt as token ids: raw, or as a user turn in the model's chat template."""
+    if req.apply_chat_template:
+        if not getattr(tokenizer, "chat_template", None):
+            raise RequestError("this model has no chat template; send apply_chat_template=false")
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": req.prompt}], tokenize=True,
+                                            add_generation_prompt=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    else:
+        ids = tokenizer(req.prompt).input_ids
+    return list(ids)
+
+
 def decode_utf8(raw: bytes, what: str) -> str:
     try:
         return raw.decode("utf-8")

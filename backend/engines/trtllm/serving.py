@@ -30,13 +30,13 @@ import random
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from policy.external import IterationDrafter
 from policy.speculator import Speculator
 
 from ...detokenizer import IncrementalDetokenizer
-from ...request import GenerationRequest, Limits, RequestError, validate
+from ...request import GenerationRequest, Limits, RequestError, prompt_ids, validate
 from ...sequence import Sequence
 from ...server_config import ServerConfig
 from . import _api
@@ -164,17 +164,8 @@ class TrtllmService:
         self.drafter.finish()
         self.llm.shutdown()
 
-    def tokenize(self, req: GenerationRequest) -> list:
-        """As EngineLoop.tokenize (same errors for the same requests)."""
-        if req.apply_chat_template:
-            if not getattr(self.tok, "chat_template", None):
-                raise RequestError("this model has no chat template; send apply_chat_template=false")
-            ids = self.tok.apply_chat_template([{"role": "user", "content": req.prompt}], tokenize=True,
-                                               add_generation_prompt=True)
-            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-        else:
-            ids = self.tok(req.prompt).input_ids
-        return list(ids)
+    def tokenize(self, req: GenerationRequest) -> List[int]:
+        return prompt_ids(self.tok, req)
 
     def submit(self, req: GenerationRequest, sink) -> int:
         """Validate, tokenize and start serving; raises RequestError for a bad request."""
