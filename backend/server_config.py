@@ -12,16 +12,21 @@ from pathlib import Path
 from typing import Mapping
 
 
+ENGINES = ("llama.cpp", "torch", "trtllm")
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     checkpoint: str = ".cache/models/smollm2-135m-instruct"  # any local HF Llama-family dir
-    engine: str = "torch"  # torch (our loop) | trtllm (TensorRT-LLM's PyTorch backend on a GPU; not yet run on one)
-    dtype: str = "bf16"  # bf16 | fp32
+    engine: str = "llama.cpp"  # llama.cpp (CPU default) | torch (exact reference, hosts model drafters) | trtllm (GPU; not yet run on one)
+    dtype: str = "bf16"  # torch engine: bf16 | fp32
+    gguf: str = ""  # llama.cpp engine: the GGUF file; "" = the one the checkpoint's manifest names (build_engines/prepare_gguf.py)
+    kv_type: str = "q8_0"  # llama.cpp engine's KV cache type: q8_0 | bf16 (batch-invariant) | f16 (not batch-invariant)
     max_batch: int = 32  # running sequences per model instance
     max_context: int = 2048  # prompt + output tokens per sequence
     max_tokens_limit: int = 1024  # largest max_tokens a request may ask for
     default_max_tokens: int = 64  # when a request does not send max_tokens
-    threads: int = 0  # torch intra-op threads; 0 = all cores
+    threads: int = 0  # engine threads (torch intra-op, llama.cpp); 0 = all cores
     policy: str = "composite"  # a registered policy name (see policy/)
     policy_config: str = ""  # optional YAML file with the policy's parameters
     drafters: str = "ngram,suffix"  # comma-separated: registered drafters, or model drafters found in drafter_dir
@@ -30,6 +35,8 @@ class ServerConfig:
     chat_template_default: bool = False  # apply the chat template when the request does not say
     tpot_slo_ms: int = 0  # time-per-output-token target given to SLO-aware policies; 0 = none
     trace_file: str = ""  # append every StepOutcome as a JSON line (replay: python -m policy.simulator)
+    # admission control (issue 20): waiting requests beyond which new ones get "overloaded, retry later"
+    max_queue: int = 0  # 0 = 4 x max_batch
 
     @classmethod
     def load(cls, params: Mapping[str, str], env: Mapping[str, str] = os.environ) -> "ServerConfig":
@@ -48,8 +55,8 @@ class ServerConfig:
         if unknown:
             raise ValueError(f"unknown config parameters: {', '.join(sorted(unknown))}")
         cfg = cls(**values)
-        if cfg.engine not in ("torch", "trtllm"):
-            raise ValueError(f"engine must be torch or trtllm, got {cfg.engine!r}")
+        if cfg.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {cfg.engine!r}")
         if cfg.dtype not in ("bf16", "fp32"):
             raise ValueError(f"dtype must be bf16 or fp32, got {cfg.dtype!r}")
         return cfg

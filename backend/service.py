@@ -14,6 +14,7 @@ from .drafters import DRAFTERS, Drafter, make_drafter
 from .drafters.feature import load_model_drafter
 from .drafters.model import find_artifact
 from .engine_loop import EngineLoop, LoopConfig
+from .engines import Engine
 from .engines.torch_llama import TorchLlama
 from .request import Limits
 from .server_config import ServerConfig
@@ -23,14 +24,37 @@ log = logging.getLogger("specserve")
 
 def load_policy(cfg: ServerConfig, root: Path) -> Policy:
     """The policy named by the config, with parameters from its YAML file if given.
-    Relative profile paths (`*_path` parameters) are relative to the project root."""
+    Relative profile paths (`*_path` parameters) are relative to the project root, and
+    `{engine}` in them is the served engine's name (torch/bf16 -> torch-bf16): each engine
+    plans with its own measured curve (build_engines/profile_costs.py). A profile not
+    measured yet is left out with a warning: the policy then plans with its default curve."""
     if not cfg.policy_config:
         return make_policy(cfg.policy)
     name, params = load_policy_config(str(cfg.resolve(cfg.policy_config, root)))
-    for key, value in params.items():
+    for key, value in list(params.items()):
         if key.endswith("_path") and value:
-            params[key] = str(cfg.resolve(value, root))
+            path = cfg.resolve(str(value).replace("{engine}", engine_name(cfg, root).replace("/", "-")), root)
+            if "{engine}" in str(value) and not path.exists():
+                log.warning("no %s at %s (measure it: python -m build_engines.profile_costs --engine %s); "
+                            "the policy plans with its default curve", key, path, cfg.engine)
+                del params[key]
+                continue
+            params[key] = str(path)
     return make_policy(name, **params)
+
+
+def engine_name(cfg: ServerConfig, root: Path) -> str:
+    """The name (Engine.name) of the engine the config serves, without building it."""
+    if cfg.engine == "llama.cpp":
+        gguf = cfg.resolve(cfg.gguf, root) if cfg.gguf else None
+        if gguf is None:
+            manifest = cfg.resolve(cfg.checkpoint, root) / "manifest.json"
+            entry = json.loads(manifest.read_text()).get("gguf") if manifest.exists() else None
+            return f"llama.cpp/{entry['type'] if entry else 'unknown'}"
+        return f"llama.cpp/{gguf.stem.rsplit('.', 1)[-1].rsplit('-', 1)[-1].upper()}"
+    if cfg.engine == "trtllm":
+        return "trtllm"
+    return f"torch/{cfg.dtype}"
 
 
 def build_loop(cfg: ServerConfig, root: Path) -> EngineLoop:
@@ -46,7 +70,8 @@ def build_loop(cfg: ServerConfig, root: Path) -> EngineLoop:
     if manifest.exists():
         log.info("serving %s", json.loads(manifest.read_text()).get("name", ckpt.name))
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
-    engine = TorchLlama(ckpt, dtype=cfg.dtype, max_slots=cfg.max_batch, max_context=cfg.max_context)
+    engine = build_engine(cfg, root, ckpt)
+    log.info("target engine %s", engine.name)
     drafters = {name: build_drafter(name, cfg, root, engine)
                 for name in filter(None, (n.strip() for n in cfg.drafters.split(",")))}
     loop_cfg = LoopConfig(max_batch=cfg.max_batch,
@@ -55,6 +80,17 @@ def build_loop(cfg: ServerConfig, root: Path) -> EngineLoop:
                           kv_budget_bytes=cfg.kv_budget_mb * 2**20 if cfg.kv_budget_mb > 0 else None)
     on_outcome = trace_writer(cfg.resolve(cfg.trace_file, root)) if cfg.trace_file else None
     return EngineLoop(engine, tokenizer, drafters, load_policy(cfg, root), loop_cfg, on_outcome=on_outcome)
+
+
+def build_engine(cfg: ServerConfig, root: Path, ckpt: Path) -> Engine:
+    """The target engine the config names: llama.cpp on the checkpoint's prepared GGUF (or
+    cfg.gguf), or the torch engine on the checkpoint itself."""
+    if cfg.engine == "llama.cpp":
+        from .engines.llama_cpp import LlamaCpp, served_gguf
+        gguf = cfg.resolve(cfg.gguf, root) if cfg.gguf else served_gguf(ckpt)
+        return LlamaCpp(gguf, max_slots=cfg.max_batch, max_context=cfg.max_context, threads=cfg.threads,
+                        kv_type=cfg.kv_type)
+    return TorchLlama(ckpt, dtype=cfg.dtype, max_slots=cfg.max_batch, max_context=cfg.max_context)
 
 
 def build_service(cfg: ServerConfig, root: Path):
@@ -66,7 +102,7 @@ def build_service(cfg: ServerConfig, root: Path):
     return build_loop(cfg, root)
 
 
-def build_drafter(name: str, cfg: ServerConfig, root: Path, engine: TorchLlama) -> Drafter:
+def build_drafter(name: str, cfg: ServerConfig, root: Path, engine: Engine) -> Drafter:
     """A registered drafter by name, else a model drafter built by build_engines/distill_drafter.py."""
     if name in DRAFTERS:
         return make_drafter(name)
@@ -75,7 +111,7 @@ def build_drafter(name: str, cfg: ServerConfig, root: Path, engine: TorchLlama) 
         raise ValueError(f"unknown drafter {name!r}: not one of {', '.join(sorted(DRAFTERS))} and no model drafter "
                          f"'{name}-drafter' in {cfg.drafter_dir} (build it: python -m build_engines.distill_drafter)")
     d = load_model_drafter(name, path, dtype=cfg.dtype, max_slots=cfg.max_batch, max_context=cfg.max_context,
-                           target=engine)
+                           target=engine if isinstance(engine, TorchLlama) else None)
     log.info("model drafter %s from %s (%.1f MB resident)", name, path, d.weight_bytes / 2**20)
     return d
 

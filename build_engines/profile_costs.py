@@ -10,10 +10,14 @@ Measures on this machine, with the real engine:
   * C_switch(L_max, B) (Nightjar): the catch-up prefill of L_max tokens for B
     sequences a model drafter pays after it was not drafting; zero without one.
 
-    python -m build_engines.profile_costs --out .cache/profiles/smollm2-135m-bf16.json
+    python -m build_engines.profile_costs --engine llama.cpp --out-dir .cache/profiles
 
-The profile records which drafter it measured; a run whose drafter differs (one was
-built since) measures again.
+Each engine has its own curve (llama.cpp on a 2-core CPU is close to compute-bound,
+so verifying k tokens costs nearly k steps; torch bf16 with native bf16 makes it
+nearly free), so the profile is per engine: `<model>-<engine name>.json`, e.g.
+smollm2-135m-llama.cpp-Q4_0.json, and the policy configs name it with `{engine}`
+(backend/service.load_policy fills in the served engine). The profile records which
+drafter it measured; a run whose drafter differs (one was built since) measures again.
 """
 from __future__ import annotations
 
@@ -49,10 +53,20 @@ def median_time(fn, repeats: int) -> float:
     return statistics.median(samples[1:])
 
 
+def fill(engine, ctx: int, b: int) -> None:
+    """Slots 0..b-1 hold ctx cached tokens (one prefill copied where the engine can copy)."""
+    if hasattr(engine, "copy_slot"):
+        engine.forward([0], [0], [[11] * ctx], logit_rows=[[ctx - 1]])
+        for s in range(1, b):
+            engine.copy_slot(0, s)
+    else:
+        engine.forward(list(range(b)), [0] * b, [[11] * ctx] * b, logit_rows=[[ctx - 1]] * b)
+
+
 def time_forward(engine, ctx: int, n: int, repeats: int) -> float:
     b, t = shape_for(n)
     slots = list(range(b))
-    engine.forward(slots, [0] * b, [[11] * ctx] * b, logit_rows=[[ctx - 1]] * b)  # fill the cache
+    fill(engine, ctx, b)
     return median_time(lambda: engine.forward(slots, [ctx] * b, [[7] * t] * b), repeats)
 
 
@@ -113,13 +127,22 @@ def drafter_profile(path: Path, dtype: str, repeats: int):
     return draft, {"l_max": l_max, "batch": batch, "seconds": switch}
 
 
-def profile(checkpoint: Path, dtype: str, repeats: int, drafter_dir: Path) -> dict:
+def target_engine(kind: str, checkpoint: Path, dtype: str, max_slots: int, max_context: int):
+    if kind == "llama.cpp":
+        from backend.engines.llama_cpp import LlamaCpp, served_gguf
+        return LlamaCpp(served_gguf(checkpoint), max_slots=max_slots, max_context=max_context)
+    from backend.engines.torch_llama import TorchLlama
+    return TorchLlama(checkpoint, dtype=dtype, max_slots=max_slots, max_context=max_context)
+
+
+def profile_name(model: str, engine_name: str) -> str:
+    """The profile file of an engine: torch/bf16 -> <model>-torch-bf16.json."""
+    return f"{model}-{engine_name.replace('/', '-')}.json"
+
+
+def profile(engine, checkpoint: Path, dtype: str, repeats: int, drafter_dir: Path) -> dict:
     import torch
 
-    from backend.engines.torch_llama import TorchLlama
-
-    max_b = shape_for(TOKEN_BATCH[-1])[0]
-    engine = TorchLlama(checkpoint, dtype=dtype, max_slots=max_b, max_context=CTX_BUCKETS[-1] + 16)
     target = []
     for ctx in CTX_BUCKETS:
         row = []
@@ -127,6 +150,9 @@ def profile(checkpoint: Path, dtype: str, repeats: int, drafter_dir: Path) -> di
             row.append(time_forward(engine, ctx, n, repeats))
             log(f"context {ctx:5d}, token batch {n:4d} (B={shape_for(n)[0]}): {1000 * row[-1]:7.1f} ms")
         target.append(row)
+    name = engine.name
+    if hasattr(engine, "close"):
+        engine.close()
     del engine
     zeros = [0.0] * len(TOKEN_BATCH)
     path = profiled_drafter(drafter_dir)
@@ -140,7 +166,7 @@ def profile(checkpoint: Path, dtype: str, repeats: int, drafter_dir: Path) -> di
         draft_s, switch = drafter_profile(path, dtype, repeats)
     return {
         "profile_version": PROFILE_VERSION,
-        "checkpoint": str(checkpoint), "dtype": dtype, "threads": torch.get_num_threads(),
+        "checkpoint": str(checkpoint), "engine": name, "dtype": dtype, "threads": torch.get_num_threads(),
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         # AdaSpec step-time table (policy/profiles.py StepTimeProfile)
         "ctx_buckets": list(CTX_BUCKETS), "token_batch": list(TOKEN_BATCH), "target_s": target,
@@ -154,12 +180,17 @@ def profile(checkpoint: Path, dtype: str, repeats: int, drafter_dir: Path) -> di
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", type=Path, default=Path(".cache/models/smollm2-135m-instruct"))
-    ap.add_argument("--dtype", default="bf16")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--engine", default="llama.cpp", choices=["llama.cpp", "torch"])
+    ap.add_argument("--dtype", default="bf16", help="torch engine's dtype")
+    ap.add_argument("--out-dir", type=Path, default=Path(".cache/profiles"))
+    ap.add_argument("--model", default="smollm2-135m", help="file name prefix")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--drafter-dir", type=Path, default=Path(".cache/drafters"))
     ap.add_argument("--force", action="store_true")
     args = ap.parse_args(argv)
+    max_b = shape_for(TOKEN_BATCH[-1])[0]
+    engine = target_engine(args.engine, args.checkpoint, args.dtype, max_b, CTX_BUCKETS[-1] + 16)
+    args.out = args.out_dir / profile_name(args.model, engine.name)
     if args.out.exists() and not args.force:
         have = json.loads(args.out.read_text()).get("drafter")
         built = drafter_label(profiled_drafter(args.drafter_dir))
@@ -167,7 +198,8 @@ def main(argv=None) -> int:
             log(f"{args.out} is up to date ({built}); --force to measure again")
             return 0
         log(f"{args.out} measured {have!r}, now {built!r}: measuring again")
-    result = profile(args.checkpoint, args.dtype, args.repeats, args.drafter_dir)
+    log(f"measuring {engine.name}")
+    result = profile(engine, args.checkpoint, args.dtype, args.repeats, args.drafter_dir)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     switch = args.out.with_name(args.out.stem + ".switch.json")

@@ -27,7 +27,6 @@ from pathlib import Path
 
 ROOT = Path(os.environ.get("SPECSERVE_ROOT") or Path(__file__).resolve().parents[1])
 DEFAULT_MODEL = "smollm2-135m-instruct"
-DEFAULT_PROFILE = "smollm2-135m-bf16.json"
 ADDRESS_FLAGS = ("--http-address=", "--grpc-address=", "--metrics-address=")
 
 
@@ -83,16 +82,18 @@ def prepare() -> int:
     for part in ("models", "drafters", "profiles"):
         (cache / part).resolve().mkdir(parents=True, exist_ok=True)  # the volume may be empty
     ckpt = cache / "models" / DEFAULT_MODEL
+    gguf_dir = os.environ.get("SPECSERVE_GGUF_DIR") or str(ROOT / "gguf")
     if not (ckpt / "manifest.json").exists():  # ~1 min: dequantise the GGUF shipped in the image
-        gguf_dir = os.environ.get("SPECSERVE_GGUF_DIR") or str(ROOT / "gguf")
         run("build_engines.convert_target", "--out", str(ckpt), "--download-cache", gguf_dir)
     preset = os.environ.get("SPECSERVE_PREPARE_DRAFTERS", "")  # "", "quick" or "full" (minutes to an hour)
     if preset:
         run("build_engines.distill_drafter", "--preset", preset, "--target", str(ckpt), "--out", str(cache / "drafters"))
-    profile = cache / "profiles" / DEFAULT_PROFILE  # what configs/policies/composite.yaml reads
-    if preset or not profile.exists():  # a few minutes: this host's step times
-        run("build_engines.profile_costs", "--repeats", "3", "--drafter-dir", str(cache / "drafters"),
-            "--checkpoint", str(ckpt), "--out", str(profile))
+    run("build_engines.prepare_gguf", "--checkpoint", str(ckpt),
+        "--source", str(Path(gguf_dir) / "SmolLM2-135M-Instruct.Q4_1.gguf"))  # seconds; skipped when present
+    engine = os.environ.get("SPECSERVE_ENGINE", "llama.cpp")
+    if engine in ("llama.cpp", "torch"):  # a few minutes the first time: this host's step times (skipped when measured)
+        run("build_engines.profile_costs", "--engine", engine, "--repeats", "3", "--drafter-dir",
+            str(cache / "drafters"), "--checkpoint", str(ckpt), "--out-dir", str(cache / "profiles"))
     log("model cache ready")
     return 0
 

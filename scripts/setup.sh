@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Install everything the project needs, idempotently (a second run takes seconds):
-#   1. the project venv (.venv) with pinned requirements (torch 2.13.0 CPU), and the project
-#      itself installed into it, editable (pyproject.toml),
+#   1. the project venv (.venv) with pinned requirements (torch 2.13.0 CPU), the project
+#      itself installed into it, editable (pyproject.toml), and llama-cpp-python built for this CPU,
 #   2. the real Triton Inference Server + Python backend from the nvidia-pytriton wheel,
-#   3. the default model, converted once into a cached safetensors checkpoint,
+#   3. the default model, converted once into a cached safetensors checkpoint, and the GGUF the
+#      llama.cpp engine serves,
 #   4. the distilled model drafters (build_engines/distill_drafter.py): SPECSERVE_DRAFTER_PRESET=quick
 #      (default: a few minutes, what the tests need) or full (per drafter the first time: ~20-27 min on a
 #      CPU with native bf16, ~55 min on an AVX2-only one),
@@ -39,6 +40,27 @@ else
   say "project installed"
 fi
 
+# the llama.cpp engine: llama-cpp-python has no binary wheel on the index, so its sdist is built here
+# (vendored llama.cpp, native to this CPU: 5 min on 2 quiet cores). The wheel is cached per CPU kind
+# (a native build would not run on another one), so a second run installs it in seconds.
+LLAMA_SPEC="llama-cpp-python==0.3.36"
+cpu_kind="$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | sort | md5sum | cut -c1-12)"
+W="$CACHE/wheels/llama-cpp-$cpu_kind"
+if [ "$(cat .venv/.llama.installed 2>/dev/null)" != "$LLAMA_SPEC $cpu_kind" ]; then
+  if ! ls "$W"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+    say "building $LLAMA_SPEC from source for this CPU (about 5 min on 2 cores; progress in compile steps)"
+    mkdir -p "$W"
+    .venv/bin/pip wheel -v --no-deps --disable-pip-version-check -w "$W.part" "$LLAMA_SPEC" 2>&1 \
+      | awk '/^ *\[[0-9]+\/[0-9]+\]/ { split($1, a, /[\[\/\]]/); if (a[2] % 20 == 0 || a[2] == a[3]) { print "[setup]   llama.cpp compile " a[2] "/" a[3]; fflush() } }
+             /^(ERROR|CMake Error)|: error:/ { print; fflush() }'
+    mv "$W.part"/llama_cpp_python-*.whl "$W"/ && rm -rf "$W.part"
+  fi
+  .venv/bin/pip install -q --no-deps --disable-pip-version-check --force-reinstall "$W"/llama_cpp_python-*.whl
+  echo "$LLAMA_SPEC $cpu_kind" > .venv/.llama.installed
+else
+  say "llama.cpp engine installed"
+fi
+
 # 2. Triton server ---------------------------------------------------------------
 T="$CACHE/triton"
 if [ ! -x "$T/backends/python/triton_python_backend_stub" ]; then
@@ -60,6 +82,10 @@ fi
 .venv/bin/python -m build_engines.convert_target --out "$CACHE/models/smollm2-135m-instruct" \
   --download-cache "$CACHE/downloads"
 
+# the GGUF the llama.cpp engine serves (type chosen by measurement; see build_engines/prepare_gguf.py)
+.venv/bin/python -m build_engines.prepare_gguf --checkpoint "$CACHE/models/smollm2-135m-instruct" \
+  --source "$CACHE/downloads/SmolLM2-135M-Instruct.Q4_1.gguf"
+
 # 4. model drafters, distilled from the target on this CPU (skipped when already built)
 .venv/bin/python -m build_engines.distill_drafter --preset "${SPECSERVE_DRAFTER_PRESET:-quick}" \
   --target "$CACHE/models/smollm2-135m-instruct" --out "$CACHE/drafters"
@@ -67,8 +93,11 @@ fi
   --target "$CACHE/models/smollm2-135m-instruct" --out "$CACHE/drafters"
 
 # 5. step-time / switch-cost profile the adaptive policies read (measured on this machine)
-.venv/bin/python -m build_engines.profile_costs --repeats 3 --drafter-dir "$CACHE/drafters" \
-  --checkpoint "$CACHE/models/smollm2-135m-instruct" --out "$CACHE/profiles/smollm2-135m-bf16.json"
+# per engine (<model>-<engine>.json): the served llama.cpp engine and the torch reference engine
+for engine in llama.cpp torch; do
+  .venv/bin/python -m build_engines.profile_costs --engine "$engine" --repeats 3 --drafter-dir "$CACHE/drafters" \
+    --checkpoint "$CACHE/models/smollm2-135m-instruct" --out-dir "$CACHE/profiles"
+done
 
 # 6. load-testing clients ------------------------------------------------------------
 if [ "${SPECSERVE_SKIP_LOADTOOLS:-0}" != "1" ] && [ -f scripts/setup_loadtools.sh ]; then

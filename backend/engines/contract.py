@@ -18,12 +18,11 @@ How the known engines map onto it:
   * torch (backend/engines/torch_llama.py): a preallocated cache per slot; a forward
     at start s simply overwrites positions >= s, so `truncate` only checks its
     arguments, and `move_slot` copies tensors.
-  * llama.cpp (next): one context with `n_seq_max = max_slots`, sequence id = slot;
-    `forward` is one `llama_decode` whose batch flags `logits` on the requested rows
-    only (read back with `llama_get_logits_ith`); `truncate` is
-    `llama_memory_seq_rm(mem, slot, length, -1)`; `move_slot` is `seq_rm(dst)`,
-    `seq_cp(src, dst, 0, length)`, `seq_rm(src)`. Its cells are shared by all slots,
-    so `kv_capacity_tokens` (n_ctx) may be smaller than max_slots * max_context.
+  * llama.cpp (backend/engines/llama_cpp.py): one context with `n_seq_max = max_slots`,
+    sequence id = slot, one KV stream per sequence; `forward` is one `llama_decode` whose
+    batch flags `logits` on the requested rows only (read back with
+    `llama_get_logits_ith`); `truncate` is `llama_memory_seq_rm(mem, slot, length, -1)`;
+    `move_slot` cuts src to length, copies its stream over dst and empties src.
   * TensorRT-LLM owns its own loop, scheduler and KV cache and does not implement
     this contract; the speculation component runs inside its Drafter hook instead.
 
@@ -33,8 +32,8 @@ one token at a time, whatever else shares the batch and whichever slot holds the
 sequence. The contract suite measures it (ragged == alone, chunked == one prefill,
 moved == unmoved, truncated == never seen) within the tolerance each engine declares
 there; greedy verification needs the argmax to agree, so an engine must be exact or
-so close that argmax ties do not flip (the fp32 torch engine is exact; llama.cpp is
-bit-identical with flash attention on, see issue 17).
+so close that argmax ties do not flip (the fp32 torch engine is within 1e-4; llama.cpp
+with a Q8_0 KV cache is bit-identical, see llama_cpp.py for why).
 
 Threading: an engine is driven by one thread (the loop's). Errors: a request outside
 the declared limits or a malformed batch raises ValueError before anything is written,
@@ -89,7 +88,8 @@ class Engine(Protocol):
         The cache really occupies about kv_capacity_tokens * kv_bytes_per_token bytes
         (an engine may add a little scratch), so a KV budget larger than that cannot be
         used: the loop's block ledger must not promise more. The torch engine preallocates every slot
-        (max_slots * max_context); llama.cpp shares n_ctx cells between its slots."""
+        (max_slots * max_context); llama.cpp preallocates one stream per slot, each rounded up
+        to a multiple of 256 cells."""
         ...
 
     @property
@@ -151,3 +151,41 @@ class Engine(Protocol):
         before is forgotten, and src is empty. The continuation of the sequence in dst is
         what it would have been in src. The loop uses it to keep running slots dense."""
         ...
+
+
+def check_slot(engine: Engine, slot: int, what: str = "slot") -> None:
+    if not 0 <= slot < engine.max_slots:
+        raise ValueError(f"{what} {slot} is out of range: this engine has slots 0..{engine.max_slots - 1}")
+
+
+def check_forward_args(engine: Engine, slots: Sequence[int], starts: Sequence[int],
+                       tokens: Optional[Sequence[Sequence[int]]], logit_rows: Optional[Sequence[Sequence[int]]],
+                       lens: Optional[Sequence[int]] = None) -> None:
+    """The contract's limits on one forward, checked before anything is written (ValueError,
+    cache untouched). `lens` replaces `tokens` when the caller passes embeddings instead of ids.
+    Python-level only: microseconds against a step of milliseconds."""
+    lens = [len(t) for t in tokens] if lens is None else list(lens)
+    if not (len(slots) == len(starts) == len(lens)) or not lens:
+        raise ValueError(f"slots, starts and tokens must be non-empty and of equal length "
+                         f"({len(slots)}, {len(starts)}, {len(lens)})")
+    if len(set(slots)) != len(slots):
+        raise ValueError(f"a slot appears twice in one forward: {list(slots)}")
+    for slot in slots:
+        check_slot(engine, slot)
+    if min(lens) <= 0:
+        raise ValueError("every sequence must append at least one token")
+    for st, n in zip(starts, lens):
+        if st < 0:
+            raise ValueError(f"negative start position {st}")
+        if st + n > engine.max_context:
+            raise ValueError(f"sequence would exceed the context window ({st}+{n} > {engine.max_context})")
+    if tokens is not None:
+        lo, hi, vocab = min(min(t) for t in tokens), max(max(t) for t in tokens), engine.shape.vocab
+        if lo < 0 or hi >= vocab:
+            raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {vocab})")
+    if logit_rows is not None:
+        if len(logit_rows) != len(lens):
+            raise ValueError(f"logit_rows has {len(logit_rows)} entries for {len(lens)} sequences")
+        for rows, n in zip(logit_rows, lens):
+            if any(not 0 <= r < n for r in rows) or any(a >= b for a, b in zip(rows, rows[1:])):
+                raise ValueError(f"logit_rows {list(rows)} must be strictly increasing indices in [0, {n})")

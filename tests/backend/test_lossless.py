@@ -10,8 +10,7 @@ from backend.drafters.feature import load_model_drafter
 from backend.drafters.model import find_artifact
 from policy import POLICIES, Arm, Decision, MemoryAction, Policy
 from policy.base import resident_names
-from policy.config import policy_from_config
-from loop_helpers import greedy, make_loop, run_all
+from loop_helpers import greedy, make_loop, run_all, served_policy
 
 # -- model drafters (built by build_engines/distill_drafter.py; the set-up builds them) ---------------
 
@@ -93,8 +92,6 @@ def test_speculative_equals_plain_greedy_in_a_continuous_batch(engine, tokenizer
     assert max(o.batch_size for o in loop.trace) == 8
 
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "policies"
-
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_every_policy_runs_losslessly_in_the_engine_loop(engine, tokenizer, plain, name):
@@ -103,7 +100,7 @@ def test_every_policy_runs_losslessly_in_the_engine_loop(engine, tokenizer, plai
     drafters = {n: make_drafter(n) for n in ("ngram", "suffix")}
     drafters.update({n: model_drafter(n, engine) for n in ("code", "chat")})  # the server's default set
     loop = make_loop(engine, tokenizer, "off", max_batch=4, drafters=drafters)
-    loop.policy = policy_from_config(str(CONFIGS / f"{name}.yaml"))
+    loop.policy = served_policy(name, engine="torch", dtype="fp32")
     spec = [s.chunks[-1] for s in run_all(loop, [greedy(p, 40) for p in PROMPTS[:4]])]
     for prompt, a, b in zip(PROMPTS, plain, spec):
         assert b.text == a.text, f"{name}: output differs for {prompt[:40]!r}"

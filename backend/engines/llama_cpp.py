@@ -1,0 +1,298 @@
+"""The llama.cpp engine: the engine contract (contract.py) on llama-cpp-python's low-level API.
+
+One llama context holds every slot: `n_seq_max = max_slots`, sequence id = slot, and
+one KV *stream* per sequence (`kv_unified = False`, `n_ctx = max_slots * max_context`).
+A step is one `llama_decode` over the whole ragged batch with the `logits` flag set only
+on the rows the caller wants (read back with `llama_get_logits_ith`); rejected drafts
+and vacated slots are forgotten with `llama_memory_seq_rm`.
+
+Why these settings (measured and read in llama.cpp's vendored sources, 0.3.36):
+batch invariance -- the logits of a position must not depend on what else shares the
+call -- holds for the quantized matmuls (each row is quantized and reduced on its own),
+but llama.cpp's CPU flash attention has three kernels: a vector kernel (one query row
+against the keys in cell order), a *tiled* kernel for >= 64 query rows of one sequence
+and a *split-KV* kernel for a single query over >= 512 cells; the last two sum in other
+orders. All three apply only to an F16/F32 KV cache, so the cache is stored in Q8_0
+(or BF16): then every query runs the vector kernel, whatever the batch. The vector
+kernel reads a sequence's keys in cell order, so each sequence keeps its own stream:
+it only ever appends and cuts its tail, so its cells stay in position order (in a
+unified cache other sequences' frees would scatter them). A stream per sequence costs
+one constraint: llama.cpp splits a batch into micro-batches of consecutive sequence
+ids with the same number of tokens each, so a ragged verification batch (sequences
+verifying different numbers of drafts) becomes several passes over the weights.
+`pad_ragged` pads short sequences of a step to the longest with throw-away tokens
+(their cells are removed right after), which keeps one pass per step.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .contract import check_forward_args, check_slot
+
+log = logging.getLogger("specserve.llama_cpp")
+
+KV_TYPES = {"q8_0": 8, "bf16": 30, "f16": 1}  # ggml type ids of the KV cache element types
+KV_BYTES = {"q8_0": 34 / 32, "bf16": 2.0, "f16": 2.0}  # bytes per cached value (Q8_0: 32 int8 + one f16 scale)
+PAD_RAGGED_MAX = 16  # pad steps whose longest sequence has at most this many tokens (verification), not prefill
+
+
+def served_gguf(checkpoint: Path) -> Path:
+    """The GGUF the checkpoint's manifest names (FileNotFoundError with the fix if none)."""
+    manifest = checkpoint / "manifest.json"
+    entry = json.loads(manifest.read_text()).get("gguf") if manifest.exists() else None
+    if not entry or not (checkpoint / entry["file"]).exists():
+        raise FileNotFoundError(f"no GGUF prepared in {checkpoint}: run the set-up (scripts/setup.sh) or "
+                                f"python -m build_engines.prepare_gguf --checkpoint {checkpoint}")
+    return checkpoint / entry["file"]
+
+
+def _lib():
+    import llama_cpp  # imported lazily: the torch engine and the policies do not need it
+    return llama_cpp
+
+
+_INIT = threading.Lock()
+_READY = False
+_KV_SIZE_RE = re.compile(r"llama_kv_cache: size = +([0-9.]+) MiB")
+_kv_reports: List[float] = []  # MiB of every KV cache llama.cpp allocated (its own log line)
+
+
+def _backend_init() -> None:
+    """Initialise llama.cpp once per process and route its log into Python logging (it
+    prints to stderr otherwise); the KV cache size it reports is kept for the tests."""
+    global _READY, _log_cb
+    with _INIT:
+        if _READY:
+            return
+        ll = _lib()
+
+        @ll.llama_log_callback
+        def _log_cb(level, text, _user):  # kept referenced in a global: ctypes must not free it
+            line = text.decode("utf-8", "replace").rstrip()
+            m = _KV_SIZE_RE.search(line)
+            if m:
+                _kv_reports.append(float(m.group(1)))
+            if level >= 4 or not line:  # GGML_LOG_LEVEL_ERROR is 4... DEBUG/CONT are 1/5
+                if level == 4:
+                    log.error("llama.cpp: %s", line)
+                return
+            log.debug("llama.cpp: %s", line)
+
+        ll.llama_log_set(_log_cb, ctypes.c_void_p(0))
+        ll.llama_backend_init()
+        _READY = True
+
+
+@dataclass(frozen=True)
+class GgufShape:
+    """What the loop reads about the model (contract.ModelShape) and what the KV size needs."""
+    vocab: int
+    eos_token_id: int
+    layers: int
+    kv_heads: int
+    head_dim: int
+    max_positions: int
+    weight_type: str  # e.g. "Q4_0", from the model's own description
+
+
+class LlamaCpp:
+    """A target engine on llama.cpp (GGUF). See the module docstring and contract.py."""
+
+    supports_hidden = False  # the contract's hidden states are not read back from llama.cpp
+
+    def __init__(self, gguf: str | Path, *, max_slots: int = 8, max_context: int = 2048, threads: int = 0,
+                 kv_type: str = "q8_0", pad_ragged: bool = True, n_batch: int = 512):
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
+        if kv_type == "f16":
+            log.warning("kv_type f16: llama.cpp's tiled and split-KV attention kernels make logits depend "
+                        "on the batch; speculation is then not guaranteed lossless")
+        gguf = Path(gguf)
+        if not gguf.is_file():
+            raise FileNotFoundError(f"no GGUF file at {gguf}")
+        _backend_init()
+        ll = self._ll = _lib()
+        mp = ll.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        self._model = ll.llama_model_load_from_file(str(gguf).encode(), mp)
+        if not self._model:
+            raise RuntimeError(f"llama.cpp could not load {gguf}")
+        vocab_p = ll.llama_model_get_vocab(self._model)
+        desc = ctypes.create_string_buffer(256)
+        ll.llama_model_desc(self._model, desc, 256)
+        n_head = ll.llama_model_n_head(self._model)
+        self.shape = GgufShape(vocab=ll.llama_vocab_n_tokens(vocab_p), eos_token_id=ll.llama_vocab_eos(vocab_p),
+                               layers=ll.llama_model_n_layer(self._model), kv_heads=ll.llama_model_n_head_kv(self._model),
+                               head_dim=ll.llama_model_n_embd(self._model) // n_head,
+                               max_positions=ll.llama_model_n_ctx_train(self._model),
+                               weight_type=desc.value.decode().split()[-1])
+        if max_context > self.shape.max_positions:
+            raise ValueError(f"max_context {max_context} exceeds the model's {self.shape.max_positions} positions")
+        self.max_slots, self.max_context = max_slots, max_context
+        self.kv_type, self.pad_ragged = kv_type, pad_ragged
+        self.threads = threads if threads > 0 else (os.cpu_count() or 1)
+        cp = ll.llama_context_default_params()
+        cp.n_ctx = max_slots * max_context
+        cp.n_batch = cp.n_ubatch = n_batch
+        cp.n_seq_max = max_slots
+        cp.n_threads = cp.n_threads_batch = self.threads
+        cp.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED  # a quantized V cache needs it
+        cp.type_k = cp.type_v = KV_TYPES[kv_type]
+        cp.kv_unified = False  # one stream per sequence: cells stay in position order
+        cp.no_perf = True
+        reports = len(_kv_reports)
+        self._ctx = ll.llama_init_from_model(self._model, cp)
+        if not self._ctx:
+            ll.llama_model_free(self._model)
+            raise RuntimeError(f"llama.cpp could not create a context for {max_slots} x {max_context} positions")
+        # llama.cpp's own report of the cache it allocated, in MiB to two decimals: its upper bound
+        self.kv_reported_bytes = int((_kv_reports[-1] + 0.005) * 2**20) if len(_kv_reports) > reports else None
+        self._mem = ll.llama_get_memory(self._ctx)
+        self.n_batch = n_batch
+        self._batch = ll.llama_batch_init(n_batch, 0, 1)
+        self._lens = [0] * max_slots  # each slot's cached length
+
+    # -- the contract's metadata -----------------------------------------------------
+    @property
+    def name(self) -> str:
+        return f"llama.cpp/{self.shape.weight_type}"
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        s = self.shape
+        return int(round(2 * s.layers * s.kv_heads * s.head_dim * KV_BYTES[self.kv_type]))
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Every sequence has its own stream, allocated up front: max_context cells rounded up
+        by llama.cpp (to a multiple of 256), of which max_context are used."""
+        return self.max_slots * self._ll.llama_n_ctx_seq(self._ctx)
+
+    def cached_length(self, slot: int) -> int:
+        return self._lens[slot]
+
+    # -- forward --------------------------------------------------------------------
+    def forward(self, slots: Sequence[int], starts: Sequence[int], tokens: Sequence[Sequence[int]],
+                logit_rows: Optional[Sequence[Sequence[int]]] = None, return_hidden: bool = False) -> torch.Tensor:
+        if return_hidden:
+            raise NotImplementedError(f"{self.name} does not return hidden states (feature drafters need the "
+                                      f"torch engine)")
+        lens = [len(t) for t in tokens]
+        check_forward_args(self, slots, starts, tokens, logit_rows)
+        for slot, st in zip(slots, starts):
+            if st > self._lens[slot]:
+                raise ValueError(f"start {st} leaves a hole in slot {slot}, which holds {self._lens[slot]} positions")
+        rows = [list(r) for r in logit_rows] if logit_rows is not None else [list(range(n)) for n in lens]
+        out = np.empty((sum(len(r) for r in rows), self.shape.vocab), dtype=np.float32)
+        out_at = np.cumsum([0] + [len(r) for r in rows])
+        for slot, st in zip(slots, starts):  # the contract's implicit truncate
+            self._seq_rm(slot, st)
+        # llama.cpp forms micro-batches from consecutive sequence ids: feed them in slot order.
+        order = sorted(range(len(slots)), key=lambda b: slots[b])
+        pad_to = max(lens) if self.pad_ragged and max(lens) <= PAD_RAGGED_MAX else 0
+        if sum(max(n, pad_to) for n in lens) <= self.n_batch:
+            self._decode([(b, 0, lens[b], max(lens[b], pad_to)) for b in order], slots, starts, tokens, rows, out, out_at)
+        else:  # long prefill: chunks of at most n_batch tokens, one sequence after another
+            for b in order:
+                for c0 in range(0, lens[b], self.n_batch):
+                    self._decode([(b, c0, min(lens[b], c0 + self.n_batch), 0)], slots, starts, tokens, rows, out, out_at)
+        for b in order:
+            self._lens[slots[b]] = starts[b] + lens[b]
+            if lens[b] < pad_to:  # the padding's cells
+                self._ll.llama_memory_seq_rm(self._mem, slots[b], starts[b] + lens[b], -1)
+        return torch.from_numpy(out)
+
+    def _decode(self, pieces, slots, starts, tokens, rows, out, out_at) -> None:
+        """One llama_decode of pieces (b, from, to, padded length): tokens[b][from:to] of sequence
+        b at positions starts[b]+from.., then padding (the last token repeated) up to the padded
+        length; copies the wanted rows' logits into out."""
+        ll, batch = self._ll, self._batch
+        n, wanted = 0, []  # wanted: (batch index, output row)
+        for b, lo, hi, padded in pieces:
+            want = {r: out_at[b] + j for j, r in enumerate(rows[b]) if lo <= r < hi}
+            seq, toks = slots[b], tokens[b]
+            for i in range(lo, max(hi, lo + padded)):
+                batch.token[n] = toks[min(i, hi - 1)]
+                batch.pos[n] = starts[b] + i
+                batch.n_seq_id[n] = 1
+                batch.seq_id[n][0] = seq
+                batch.logits[n] = i in want
+                if i in want:
+                    wanted.append((n, want[i]))
+                n += 1
+        batch.n_tokens = n
+        rc = ll.llama_decode(self._ctx, batch)
+        if rc != 0:
+            for b, lo, _, _ in pieces:  # leave every sequence at its start: nothing half-written
+                self._seq_rm(slots[b], starts[b])
+                self._lens[slots[b]] = starts[b]
+            raise RuntimeError(f"llama_decode failed (code {rc}) on a batch of {n} tokens")
+        vocab = self.shape.vocab
+        for i, row in wanted:
+            out[row] = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, i), shape=(vocab,))
+
+    # -- cache management ---------------------------------------------------------
+    def _seq_rm(self, slot: int, p0: int) -> None:
+        if p0 < self._lens[slot] or p0 == 0:
+            self._ll.llama_memory_seq_rm(self._mem, slot, p0, -1)
+            self._lens[slot] = min(self._lens[slot], p0)
+
+    def truncate(self, slot: int, length: int) -> None:
+        check_slot(self, slot)
+        if not 0 <= length <= self.max_context:
+            raise ValueError(f"truncate length {length} is outside [0, {self.max_context}]")
+        self._seq_rm(slot, length)
+
+    def move_slot(self, src: int, dst: int, length: int) -> None:
+        """Streams are copied whole (llama.cpp copies across streams only whole buffers):
+        cut src to `length`, copy it over dst, empty src."""
+        check_slot(self, src, "source slot")
+        check_slot(self, dst, "destination slot")
+        if src == dst:
+            raise ValueError(f"move_slot from slot {src} to itself")
+        if not 0 <= length <= self._lens[src]:
+            raise ValueError(f"move_slot length {length} is outside [0, {self._lens[src]}] (slot {src}'s length)")
+        self._seq_rm(src, length)
+        self._seq_rm(dst, 0)
+        self._ll.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
+        self._lens[dst] = length
+        self._seq_rm(src, 0)
+
+    def copy_slot(self, src: int, dst: int) -> None:
+        """dst becomes a copy of src (both keep it). Not in the contract: the cost profiler
+        fills many slots with one prefill this way."""
+        check_slot(self, src, "source slot")
+        check_slot(self, dst, "destination slot")
+        self._seq_rm(dst, 0)
+        self._ll.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
+        self._lens[dst] = self._lens[src]
+
+    def close(self) -> None:
+        """Free llama.cpp's context, batch and model (also at garbage collection)."""
+        ll = getattr(self, "_ll", None)
+        if ll is None:
+            return
+        if getattr(self, "_ctx", None):
+            ll.llama_batch_free(self._batch)
+            ll.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            ll.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may already be gone
+            pass

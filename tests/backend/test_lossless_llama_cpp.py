@@ -1,0 +1,88 @@
+"""Lossless on the served engine: with the llama.cpp engine (the served GGUF, Q8_0 KV
+cache), speculative greedy output equals the same engine's plain greedy output token for
+token on 52 varied prompts, under every registered policy, alone and in a continuous batch
+of 8, and under a KV budget tight enough to preempt. Plain decoding in a batch of 8 equals
+plain decoding alone too: the engine's logits do not depend on the batch (the contract
+suite checks that at the level of single forwards, tolerance 0)."""
+from pathlib import Path
+
+import pytest
+
+from backend.drafters import make_drafter
+from backend.drafters.feature import load_model_drafter
+from backend.drafters.model import find_artifact
+from backend.engines.llama_cpp import LlamaCpp, served_gguf
+from loop_helpers import greedy, make_loop, run_all, served_policy
+from policy import POLICIES
+from test_lossless import PROMPTS as BASE_PROMPTS
+
+TOPICS = ["volcanoes", "the printing press", "honey bees", "black holes", "the Roman empire", "photosynthesis",
+          "jazz", "chess openings", "glaciers", "vaccines"]
+TEMPLATES = ["Explain {t} to a child in three sentences.", "Write a numbered list of five facts about {t}.",
+             "Repeat exactly, twice: 'I have read about {t} today.'"]
+PROMPTS = BASE_PROMPTS + [t.format(t=topic) for topic in TOPICS for t in TEMPLATES]
+MAX_TOKENS = 24
+DRAFTER_DIR = Path(__file__).resolve().parents[2] / ".cache" / "drafters"
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoint):
+    eng = LlamaCpp(served_gguf(checkpoint), max_slots=8, max_context=512)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def drafters(engine):
+    """The server's drafter set: model-free ones and the distilled model drafters (torch)."""
+    out = {n: make_drafter(n) for n in ("ngram", "suffix")}
+    for name in ("code", "chat"):
+        path = find_artifact(DRAFTER_DIR, name)
+        if path is None:
+            pytest.fail(f"model drafter {name!r} not built in {DRAFTER_DIR}: run scripts/setup.sh")
+        out[name] = load_model_drafter(name, path, dtype="bf16", max_slots=engine.max_slots,
+                                       max_context=engine.max_context)
+    return out
+
+
+def texts(loop, prompts=PROMPTS):
+    return [s.chunks[-1].text for s in run_all(loop, [greedy(p, MAX_TOKENS) for p in prompts])]
+
+
+@pytest.fixture(scope="module")
+def plain(engine, tokenizer):
+    return texts(make_loop(engine, tokenizer, "off", max_batch=1))
+
+
+def assert_same(want, got, what):
+    differ = [p[:40] for p, a, b in zip(PROMPTS, want, got) if a != b]
+    assert not differ, f"{what}: {len(differ)} of {len(want)} outputs differ, e.g. {differ[:3]}"
+
+
+def test_enough_varied_prompts():
+    assert len(set(PROMPTS)) >= 50
+
+
+def test_plain_decoding_in_a_batch_of_8_equals_alone(engine, tokenizer, plain):
+    loop = make_loop(engine, tokenizer, "off", max_batch=8)
+    assert_same(plain, texts(loop), "plain, batch of 8")
+    assert max(o.batch_size for o in loop.trace) == 8
+
+
+@pytest.mark.parametrize("batch", [1, 8], ids=["alone", "batch8"])
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_is_lossless_on_llama_cpp(engine, tokenizer, plain, drafters, name, batch):
+    loop = make_loop(engine, tokenizer, "off", max_batch=batch, drafters=drafters)
+    loop.policy = served_policy(name, engine="llama.cpp")
+    assert_same(plain, texts(loop), f"{name}, max_batch {batch}")
+    if name != "off":
+        assert loop.stats.drafted > 0, f"{name} never speculated"
+
+
+def test_lossless_under_preemption(engine, tokenizer, plain):
+    """A KV budget of ~3 sequences' worth for 8 running ones: sequences are preempted (their
+    cells removed) and recomputed later, and still produce plain greedy's text."""
+    budget = 3 * 160 * engine.kv_bytes_per_token
+    loop = make_loop(engine, tokenizer, "static", max_batch=8, kv_budget_bytes=budget, drafter="ngram", gamma=3)
+    assert_same(plain, texts(loop), "static ngram under a tight KV budget")
+    assert loop.stats.preemptions > 0, "the budget never forced a preemption: the test proves little"
