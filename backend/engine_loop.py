@@ -43,7 +43,7 @@ from .drafters import Drafter
 from .kv_blocks import OutOfBlocks
 from .memory import KVMemory
 from .ragged import prefill_groups
-from .request import GenerationRequest, Limits, RequestError, prompt_ids, validate
+from .request import GenerationRequest, Limits, Overloaded, RequestError, prompt_ids, validate
 from .sampling import (accept_greedy, accept_sampling, accept_sampling_positional, divergences,
                        position_generator, target_probs)
 from .sequence import Sequence
@@ -60,6 +60,7 @@ class LoopConfig:
     tpot_slo_s: Optional[float] = None  # time-per-output-token target handed to the policy
     cancel_poll_s: float = 0.05  # how often to ask the sinks whether their clients cancelled
     kv_budget_bytes: Optional[int] = None  # target KV + resident drafters; None = room for every slot
+    max_queue: int = 0  # waiting requests beyond which submit refuses new ones (Overloaded); 0 = no bound
 
 
 @dataclass
@@ -131,8 +132,17 @@ class EngineLoop:
     def tokenize(self, req: GenerationRequest) -> List[int]:
         return prompt_ids(self.tok, req)
 
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting for a batch slot (submitted, or preempted), not yet running."""
+        return len(self.waiting) + self.inbox.qsize()
+
     def submit(self, req: GenerationRequest, sink) -> int:
-        """Validate, tokenize and enqueue; raises RequestError for a bad request."""
+        """Validate, tokenize and enqueue; raises RequestError for a bad request, Overloaded
+        (before any work on the request) when cfg.max_queue requests are already waiting."""
+        depth, bound = self.queue_depth, self.cfg.max_queue
+        if bound and depth >= bound:
+            raise Overloaded(f"server overloaded: {depth} requests are waiting (max_queue {bound}); retry later")
         validate(req, self.cfg.limits)
         ids = self.tokenize(req)
         ctx = self.cfg.limits.max_context

@@ -9,10 +9,15 @@ from .sampling import SamplingParams
 
 
 MIN_TEMPERATURE = 1e-6  # smallest positive temperature: logits / t stays finite in float32
+MAX_CHARS_PER_TOKEN = 64  # a prompt longer than this x the context window cannot fit: refused before tokenizing
 
 
 class RequestError(ValueError):
     """A request the server must refuse with a clear message (never a crash)."""
+
+
+class Overloaded(RuntimeError):
+    """The server is at its admission limit: the client should retry later (HTTP 503 / UNAVAILABLE)."""
 
 
 @dataclass(frozen=True)
@@ -38,12 +43,17 @@ def validate(req: GenerationRequest, limits: Limits) -> GenerationRequest:
     """Raise RequestError naming the first problem; return the request unchanged."""
     if not isinstance(req.prompt, str) or not req.prompt:
         raise RequestError("text_input is missing or empty")
+    if len(req.prompt) > MAX_CHARS_PER_TOKEN * limits.max_context:  # tokenizing it would cost seconds
+        raise RequestError(f"text_input has {len(req.prompt)} characters; it cannot fit the context window of "
+                           f"{limits.max_context} tokens")
     if not isinstance(req.max_tokens, int) or req.max_tokens <= 0:
         raise RequestError(f"max_tokens must be a positive integer, got {req.max_tokens}")
     if req.max_tokens > limits.max_tokens:
         raise RequestError(f"max_tokens {req.max_tokens} exceeds this server's limit of {limits.max_tokens}")
     s = req.sampling
-    if not math.isfinite(s.temperature) or s.temperature < 0:
+    if not math.isfinite(s.temperature):
+        raise RequestError(f"temperature must be a finite number >= 0, got {s.temperature}")
+    if s.temperature < 0:
         raise RequestError(f"temperature must be >= 0, got {s.temperature}")
     if 0 < s.temperature < MIN_TEMPERATURE:  # logits / t would overflow float32 (denormals included)
         raise RequestError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {s.temperature}")

@@ -62,6 +62,11 @@ def build_loop(cfg: ServerConfig, root: Path) -> EngineLoop:
 
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
+    elif cfg.engine == "llama.cpp":
+        # llama.cpp's threads take every core during a step; torch only samples (and runs model
+        # drafters) between steps: a second full-width thread pool would contend with llama.cpp's
+        # spinning workers, so torch gets one thread.
+        torch.set_num_threads(1)
     ckpt = cfg.resolve(cfg.checkpoint, root)
     if not (ckpt / "config.json").exists():
         raise FileNotFoundError(f"no checkpoint at {ckpt}: run the set-up (scripts/setup.sh) or set "
@@ -77,7 +82,8 @@ def build_loop(cfg: ServerConfig, root: Path) -> EngineLoop:
     loop_cfg = LoopConfig(max_batch=cfg.max_batch,
                           limits=Limits(max_tokens=cfg.max_tokens_limit, max_context=cfg.max_context),
                           tpot_slo_s=cfg.tpot_slo_ms / 1000 if cfg.tpot_slo_ms > 0 else None,
-                          kv_budget_bytes=cfg.kv_budget_mb * 2**20 if cfg.kv_budget_mb > 0 else None)
+                          kv_budget_bytes=cfg.kv_budget_mb * 2**20 if cfg.kv_budget_mb > 0 else None,
+                          max_queue=cfg.max_queue or 4 * cfg.max_batch)
     on_outcome = trace_writer(cfg.resolve(cfg.trace_file, root)) if cfg.trace_file else None
     return EngineLoop(engine, tokenizer, drafters, load_policy(cfg, root), loop_cfg, on_outcome=on_outcome)
 

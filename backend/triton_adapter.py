@@ -19,7 +19,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from .engine_loop import EngineLoop
-from .request import GenerationRequest, RequestError, decode_utf8
+from .request import GenerationRequest, Overloaded, RequestError, decode_utf8
 from .sampling import SamplingParams
 from .sequence import Chunk
 from .server_config import ServerConfig
@@ -27,6 +27,10 @@ from .service import build_service
 
 log = logging.getLogger("specserve")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+# pb_utils.TritonError codes (looked up when sending: the stub defines TritonError only once it
+# serves). Triton's HTTP front end maps them to 400 / 503 / 500; gRPC streams carry only the
+# message, so every message says what kind of error it is.
+INVALID_ARG, UNAVAILABLE, INTERNAL = "INVALID_ARG", "UNAVAILABLE", "INTERNAL"
 
 # Inputs of the TensorRT-LLM ensemble we act on, plus our own apply_chat_template.
 # pad_id / bad_words / beam_width are accepted for compatibility (see _convert).
@@ -99,8 +103,9 @@ class TritonSink:
             outputs.append(pb_utils.Tensor("finish_reason", np.array([chunk.finish_reason.encode()], dtype=np.object_)))
         self.sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=FINAL if final else 0)
 
-    def error(self, message: str) -> None:
-        self.sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message)),
+    def error(self, message: str, code=INTERNAL) -> None:
+        """A final error response; the loop's own failures (after admission) are server faults."""
+        self.sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, code))),
                          flags=FINAL)
 
     def cancelled(self) -> bool:
@@ -203,11 +208,13 @@ class TritonPythonModel:
             sink = TritonSink(request.get_response_sender())
             try:
                 self.loop.submit(_convert(request, self.cfg), sink)
-            except RequestError as e:
-                sink.error(str(e))
-            except Exception as e:  # never let one bad request take the model down
+            except RequestError as e:  # the client's mistake: HTTP 400
+                sink.error(str(e), INVALID_ARG)
+            except Overloaded as e:  # HTTP 503: retry later
+                sink.error(str(e), UNAVAILABLE)
+            except Exception:  # never let one bad request take the model down; no internals to the client
                 log.exception("could not accept a request")
-                sink.error(f"internal error: {e}")
+                sink.error("internal error while accepting this request; see the server log", INTERNAL)
         return None
 
     def finalize(self):

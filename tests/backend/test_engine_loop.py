@@ -125,3 +125,23 @@ def test_a_request_that_fails_in_prefill_or_a_step_fails_alone(checkpoint, token
     assert sinks[1].errors and "internal error while starting" in sinks[1].errors[0]
     assert sinks[3].errors and "internal error while verifying" in sinks[3].errors[0]
     assert not loop.running and loop.pool.num_free == loop.pool.num_blocks
+
+
+def test_admission_bound_refuses_at_once_then_admits_again(engine, tokenizer):
+    """cfg.max_queue waiting requests: the next is refused (Overloaded) before any work;
+    once the queue drains, requests are accepted again."""
+    import dataclasses
+    from backend.request import Overloaded
+    loop = make_loop(engine, tokenizer, "off", max_batch=1)
+    loop.cfg = dataclasses.replace(loop.cfg, max_queue=2)
+    sinks = [ListSink() for _ in range(3)]
+    for s in sinks[:2]:
+        loop.submit(greedy("Hello", 2), s)  # not stepped yet: both wait
+    with pytest.raises(Overloaded, match="retry later"):
+        loop.submit(greedy("Hello", 2), sinks[2])
+    while not all(s.done for s in sinks[:2]):
+        loop.step()
+    loop.submit(greedy("Hello", 2), sinks[2])
+    while not sinks[2].done:
+        loop.step()
+    assert sinks[2].chunks[-1].finish_reason in ("stop", "length")

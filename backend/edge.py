@@ -1,0 +1,267 @@
+"""The HTTP edge: the one HTTP port clients reach; Triton's own HTTP listens behind it on a
+private loopback port (started by backend/launcher.py).
+
+Triton 2.51's HTTP front end has no request-size or nesting limit, and dies (SIGSEGV) on some
+bodies of about 4 MiB and on JSON nested 40,000 deep (issue 20), and it answers 500 for
+client mistakes it finds while parsing (malformed JSON, wrong JSON types). So before anything
+reaches Triton the edge
+
+- refuses a body over `max_body_bytes` (413) and JSON nested deeper than `max_depth` (400);
+- on the generate endpoints, refuses what Triton would answer 500 for or silently wrap
+  (a body that is not a JSON object, a field of the wrong JSON type, an integer outside its
+  tensor type such as max_tokens 2^32+8, which INT32 would wrap to 8) with 400 naming the field;
+- gives the model's own errors their status: Triton 2.51 answers 400 for every error a
+  decoupled model sends, so "server overloaded" becomes 503 (with Retry-After) and
+  "internal error" 500;
+- passes everything else through unchanged, streaming included (a client that disconnects
+  closes the upstream connection, which cancels its request).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import re
+from typing import Optional
+
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+
+log = logging.getLogger("specserve.edge")
+
+MAX_BODY_BYTES = 1 << 20  # 1 MiB: a full 2,048-token prompt is ~10 KB
+MAX_DEPTH = 32  # the generate interface needs 3 levels; tensors in /infer one per dimension
+OVERLOADED_PREFIX = "server overloaded"  # backend/engine_loop.py EngineLoop.submit
+INTERNAL_PREFIX = "internal error"  # backend/triton_adapter.py, backend/engine_loop.py
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+              "transfer-encoding", "upgrade", "content-length", "host", "expect"}
+GENERATE = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?/generate(?:_stream)?$")
+INFER_HEADER = "Inference-Header-Content-Length"
+
+_INT_RANGES = {f"TYPE_INT{b}": (-(1 << (b - 1)), (1 << (b - 1)) - 1) for b in (8, 16, 32, 64)}
+_INT_RANGES.update({f"TYPE_UINT{b}": (0, (1 << b) - 1) for b in (8, 16, 32, 64)})
+_FLOAT_MAX = {"TYPE_FP16": 65504.0, "TYPE_FP32": 3.4028234663852886e38, "TYPE_FP64": math.inf}
+
+
+class EdgeError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def json_depth(value) -> int:
+    """Nesting depth of a parsed JSON value (a scalar is 0), without recursion."""
+    depth, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            depth = max(depth, d)
+            stack.extend((x, d + 1) for x in v.values())
+        elif isinstance(v, list):
+            depth = max(depth, d)
+            stack.extend((x, d + 1) for x in v)
+    return depth
+
+
+def parse_json(raw: bytes, max_depth: int):
+    """The body as JSON, or EdgeError(400) saying why not (empty, malformed, too deep)."""
+    if not raw.strip():
+        raise EdgeError(400, "the request body is empty; send a JSON object")
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        raise EdgeError(400, f"the request JSON nests deeper than {max_depth} levels") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise EdgeError(400, f"the request body is not valid JSON: {e}") from None
+    if json_depth(value) > max_depth:
+        raise EdgeError(400, f"the request JSON nests deeper than {max_depth} levels")
+    return value
+
+
+def _type_name(v) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+            dict: "an object", type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def check_field(name: str, value, data_type: str) -> None:
+    """One generate field against its tensor type in the model config: EdgeError(400) if
+    Triton would refuse it with a 500 or convert it wrongly."""
+    items, stack = [], [value]
+    while stack:  # depth already bounded
+        v = stack.pop()
+        if isinstance(v, list):
+            stack.extend(v)
+        else:
+            items.append(v)
+    for v in items:
+        if data_type == "TYPE_BOOL":
+            if not isinstance(v, bool):
+                raise EdgeError(400, f"{name} must be true or false, got {_type_name(v)}")
+        elif data_type == "TYPE_STRING":
+            if not isinstance(v, str):
+                raise EdgeError(400, f"{name} must be a string, got {_type_name(v)}")
+        elif data_type in _INT_RANGES:
+            lo, hi = _INT_RANGES[data_type]
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise EdgeError(400, f"{name} must be an integer, got {_type_name(v)}")
+            if not lo <= v <= hi:
+                raise EdgeError(400, f"{name} {v} is out of range: {data_type[5:]} holds {lo}..{hi}")
+        elif data_type in _FLOAT_MAX:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise EdgeError(400, f"{name} must be a number, got {_type_name(v)}")
+            if math.isfinite(v) and abs(v) > _FLOAT_MAX[data_type]:
+                raise EdgeError(400, f"{name} {v} is out of range for {data_type[5:]}")
+
+
+def check_generate(body, input_types: dict) -> None:
+    if not isinstance(body, dict):
+        raise EdgeError(400, f"the request body must be a JSON object, got {_type_name(body)}")
+    for name, value in body.items():
+        if name in input_types:
+            check_field(name, value, input_types[name])
+
+
+def status_for_model_error(status: int, message: str) -> int:
+    """Triton 2.51 answers 400 for every error a decoupled model sends: restore the class."""
+    if status == 400 and message.startswith(OVERLOADED_PREFIX):
+        return 503
+    if status == 400 and message.startswith(INTERNAL_PREFIX):
+        return 500
+    return status
+
+
+def error_response(status: int, message: str, stream: bool = False) -> web.Response:
+    headers = {"Retry-After": "1"} if status == 503 else {}
+    if stream:  # the shape Triton uses for /generate_stream errors
+        return web.Response(status=status, headers=headers, content_type="text/event-stream",
+                            text=f"data: {json.dumps({'error': message})}\n\n")
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+class Edge:
+    def __init__(self, upstream: str, max_body_bytes: int = MAX_BODY_BYTES, max_depth: int = MAX_DEPTH):
+        self.upstream = upstream.rstrip("/")  # e.g. http://127.0.0.1:18000
+        self.max_body_bytes, self.max_depth = max_body_bytes, max_depth
+        self.session: Optional[ClientSession] = None
+        self._input_types: dict = {}  # model -> {input name: data_type}
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes + 1)  # the handler reads; this is a backstop
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        app.on_startup.append(self._open)
+        app.on_cleanup.append(self._close)
+        return app
+
+    async def _open(self, app) -> None:
+        self.session = ClientSession(connector=TCPConnector(limit=0), auto_decompress=False,
+                                     timeout=ClientTimeout(total=None, sock_connect=5))
+
+    async def _close(self, app) -> None:
+        await self.session.close()
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        limit = self.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise EdgeError(413, f"the request body is {request.content_length} bytes; this server accepts "
+                                 f"at most {limit}")
+        chunks, size = [], 0
+        async for chunk in request.content.iter_chunked(1 << 16):
+            size += len(chunk)
+            if size > limit:
+                raise EdgeError(413, f"the request body exceeds {limit} bytes, the most this server accepts")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _model_inputs(self, model: str) -> dict:
+        if model not in self._input_types:
+            try:
+                async with self.session.get(f"{self.upstream}/v2/models/{model}/config") as r:
+                    if r.status != 200:
+                        return {}  # unknown model: Triton says so
+                    config = await r.json()
+            except (ClientError, ValueError):
+                return {}
+            self._input_types[model] = {i["name"]: i["data_type"] for i in config.get("input", [])}
+        return self._input_types[model]
+
+    async def _check(self, request: web.Request, body: bytes) -> None:
+        if not body and request.method in ("GET", "HEAD", "DELETE"):
+            return
+        header_len = request.headers.get(INFER_HEADER)
+        if header_len is not None:  # binary tensor data follows a JSON header
+            try:
+                n = int(header_len)
+            except ValueError:
+                raise EdgeError(400, f"{INFER_HEADER} must be an integer") from None
+            if not 0 <= n <= len(body):
+                raise EdgeError(400, f"{INFER_HEADER} {n} does not fit the {len(body)}-byte body")
+            parse_json(body[:n], self.max_depth)
+            return
+        m = GENERATE.match(request.path)
+        if m:
+            check_generate(parse_json(body, self.max_depth), await self._model_inputs(m["model"]))
+        elif body:
+            parse_json(body, self.max_depth)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        stream = request.path.endswith("/generate_stream")
+        try:
+            body = await self._read_body(request)
+            await self._check(request, body)
+        except EdgeError as e:
+            return error_response(e.status, e.message, stream)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        url = f"{self.upstream}{request.rel_url}"
+        try:
+            async with self.session.request(request.method, url, data=body or None, headers=headers) as up:
+                out_headers = {k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP}
+                if up.status >= 400 or not stream:
+                    data = await up.read()
+                    return self._relay_whole(up.status, out_headers, data, stream)
+                resp = web.StreamResponse(status=up.status, headers=out_headers)
+                await resp.prepare(request)
+                try:
+                    async for chunk in up.content.iter_any():
+                        await resp.write(chunk)  # raises if the client has gone: closes upstream, cancels it
+                except (ClientError, asyncio.TimeoutError) as e:  # upstream broke mid-stream: end ours
+                    log.warning("upstream %s %s broke mid-stream: %r", request.method, request.path, e)
+                    if request.transport is not None:
+                        request.transport.close()
+                    return resp
+                await resp.write_eof()
+                return resp
+        except (ClientError, asyncio.TimeoutError, ConnectionRefusedError) as e:
+            log.warning("upstream %s %s failed: %r", request.method, request.path, e)
+            return error_response(503, "the inference server is not reachable; retry later", stream)
+
+    def _relay_whole(self, status: int, headers: dict, data: bytes, stream: bool) -> web.Response:
+        if status >= 400:
+            message = None
+            text = data.decode("utf-8", "replace")
+            if stream and text.startswith("data:"):
+                text = text[5:].strip()
+            try:
+                message = json.loads(text).get("error")
+            except (ValueError, AttributeError):
+                pass
+            if isinstance(message, str):
+                new = status_for_model_error(status, message)
+                if new != status:
+                    return error_response(new, message, stream)
+        return web.Response(status=status, headers=headers, body=data)
+
+
+async def serve(host: str, port: int, upstream: str, stop: asyncio.Event, shutdown_timeout: float = 12.0,
+                **limits) -> None:
+    """Serve the edge until `stop` is set; then stop accepting, let in-flight requests finish
+    for up to `shutdown_timeout` seconds, and close."""
+    edge = Edge(upstream, **limits)
+    runner = web.AppRunner(edge.app(), access_log=None, handler_cancellation=True,
+                           shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,244 @@
+"""Nothing a client sends takes the server down or fails another client's request (issue 20).
+
+Against the real server (launcher: HTTP edge + Triton), with its own small limits: every
+hostile request gets the right status class and a message naming the problem, the server is
+healthy afterwards, and a well-behaved streaming request running alongside completes
+normally. Without the edge (backend/edge.py) the 40,000-deep body and the 4 MiB upload kill
+Triton 2.51 (SIGSEGV), so those cases fail.
+"""
+import http.client
+import json
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from server_helpers import running_server
+from test_server import Stream, grpc_generate
+
+MAX_QUEUE = 2
+HOSTILE_ENV = dict(SPECSERVE_MAX_CONTEXT="512", SPECSERVE_MAX_TOKENS_LIMIT="256", SPECSERVE_MAX_BATCH="2", SPECSERVE_MAX_QUEUE=str(MAX_QUEUE),
+                   SPECSERVE_MAX_BODY_BYTES=str(1 << 20), OMP_NUM_THREADS="1",
+                   # plain decoding: the admission test's long streams must outlast its checks
+                   SPECSERVE_POLICY="off", SPECSERVE_POLICY_CONFIG="")
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory, checkpoint):
+    with running_server(HOSTILE_ENV, tmp_path_factory.mktemp("hostile")) as srv:
+        yield srv
+
+
+def post(srv, path, body: bytes, headers=None, timeout=60):
+    """Raw POST (bodies json.dumps cannot make); -> (status, text)."""
+    c = http.client.HTTPConnection("127.0.0.1", srv.ports.http, timeout=timeout)
+    try:
+        c.request("POST", path, body=body, headers=headers or {})
+        r = c.getresponse()
+        return r.status, r.read().decode("utf-8", "replace"), dict(r.getheaders())
+    finally:
+        c.close()
+
+
+def healthy(srv) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{srv.http}/v2/health/ready", timeout=10) as r:
+            http_ok = r.status == 200
+    except OSError:
+        return False
+    client = grpcclient.InferenceServerClient(srv.grpc)
+    try:
+        return http_ok and client.is_server_ready() and client.is_model_ready("llm") and srv.proc.poll() is None
+    finally:
+        client.close()
+
+
+class GoodClient:
+    """A well-behaved streaming request running while the hostile one is sent."""
+
+    def __init__(self, srv, max_tokens=8):
+        self.result, self.max_tokens = None, max_tokens
+        payload = {"text_input": "Count from 1 to 20:", "max_tokens": max_tokens, "stream": True,
+                   "exclude_input_in_output": True}
+        self.thread = threading.Thread(target=lambda: setattr(self, "result", srv.generate(payload, stream=True)))
+        self.thread.start()
+
+    def check(self):
+        self.thread.join(120)
+        status, events = self.result
+        assert status == 200, events
+        assert events and "error" not in events[-1], events
+        assert events[-1]["finish_reason"] == "length" and events[-1]["num_output_tokens"] == self.max_tokens
+
+
+def deep(d: int, inner: bytes = b"2") -> bytes:
+    return b"[" * d + inner + b"]" * d
+
+
+GEN = "/v2/models/llm/generate"
+HOSTILE_HTTP = [  # (id, path, body, status, words the error must contain)
+    ("deep-40000-in-a-field", GEN, b'{"text_input": "hi", "max_tokens": ' + deep(40000) + b"}", 400, "nests deeper"),
+    ("deep-40000-top-level", GEN, deep(40000, b""), 400, "nests deeper"),
+    ("deep-40000-stream", GEN + "_stream", b'{"text_input": ' + deep(40000, b'"hi"') + b"}", 400, "nests deeper"),
+    ("deep-40000-infer", "/v2/models/llm/infer", b'{"inputs": ' + deep(40000, b"") + b"}", 400, "nests deeper"),
+    ("oversized-2MB", GEN, json.dumps({"text_input": "a" * (2 << 20)}).encode(), 413, "bytes"),
+    ("malformed-json", GEN, b'{"text_input": "hi", ', 400, "not valid JSON"),
+    ("empty-body", GEN, b"", 400, "empty"),
+    ("not-an-object", GEN, b"[1, 2, 3]", 400, "JSON object"),
+    ("string-for-int", GEN, json.dumps({"text_input": "hi", "max_tokens": "four"}).encode(), 400, "max_tokens"),
+    ("float-for-int", GEN, json.dumps({"text_input": "hi", "max_tokens": 2.5}).encode(), 400, "max_tokens"),
+    ("int-for-string", GEN, json.dumps({"text_input": 5, "max_tokens": 2}).encode(), 400, "text_input"),
+    ("string-for-bool", GEN, json.dumps({"text_input": "hi", "stream": "yes"}).encode(), 400, "stream"),
+    ("max_tokens-2^32+8", GEN, json.dumps({"text_input": "hi", "max_tokens": 2**32 + 8}).encode(), 400, "max_tokens"),
+    ("top_k-2^32+5", GEN, json.dumps({"text_input": "hi", "max_tokens": 2, "top_k": 2**32 + 5}).encode(), 400, "top_k"),
+    ("end_id-2^32+2", GEN, json.dumps({"text_input": "hi", "max_tokens": 2, "end_id": 2**32 + 2}).encode(), 400, "end_id"),
+    ("random_seed-negative", GEN, json.dumps({"text_input": "hi", "max_tokens": 2, "random_seed": -1}).encode(), 400,
+     "random_seed"),
+    ("temperature-nan", GEN, b'{"text_input": "hi", "max_tokens": 2, "temperature": NaN}', 400, "temperature"),
+    ("temperature-inf", GEN, b'{"text_input": "hi", "max_tokens": 2, "temperature": Infinity}', 400, "temperature"),
+    ("temperature-1e300", GEN, b'{"text_input": "hi", "max_tokens": 2, "temperature": 1e300}', 400, "temperature"),
+    ("temperature-denormal", GEN, b'{"text_input": "hi", "max_tokens": 2, "temperature": 1e-40}', 400, "temperature"),
+    ("top_p-nan", GEN, b'{"text_input": "hi", "max_tokens": 2, "top_p": NaN}', 400, "top_p"),
+    ("huge-prompt", GEN, json.dumps({"text_input": "a" * 900_000, "max_tokens": 2}).encode(), 400, "text_input"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,words", [c[1:] for c in HOSTILE_HTTP], ids=[c[0] for c in HOSTILE_HTTP])
+def test_hostile_http(hostile, path, body, status, words):
+    good = GoodClient(hostile)
+    got, text, _ = post(hostile, path, body)
+    assert got == status, text
+    message = json.loads(text[5:] if text.startswith("data:") else text)["error"]
+    assert words in message, message
+    assert "/work/" not in message and str(hostile.log_path.parent) not in message  # no absolute paths
+    good.check()
+    assert healthy(hostile)
+
+
+def test_chunked_oversized_body_is_refused(hostile):
+    """No Content-Length to check: the edge counts the chunks."""
+    good = GoodClient(hostile)
+    c = http.client.HTTPConnection("127.0.0.1", hostile.ports.http, timeout=60)
+    chunks = (b'{"text_input": "' if i == 0 else b"a" * 65536 for i in range(40))  # ~2.5 MB
+    c.request("POST", GEN, body=chunks, encode_chunked=True)
+    r = c.getresponse()
+    assert r.status == 413, r.read()
+    c.close()
+    good.check()
+    assert healthy(hostile)
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
+def test_4mib_upload_the_way_curl_sends_it(hostile, tmp_path):
+    """curl's upload of a 4 MiB body (Expect: 100-continue) is what killed Triton 2.51."""
+    body = tmp_path / "big.json"
+    body.write_text(json.dumps({"text_input": "a" * (4 << 20), "max_tokens": 2}))
+    good = GoodClient(hostile)
+    out = subprocess.run(["curl", "-s", "-m", "60", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST",
+                          f"http://{hostile.http}{GEN}", "--data-binary", f"@{body}"],
+                         capture_output=True, text=True, timeout=90)
+    assert out.stdout == "413", out
+    good.check()
+    assert healthy(hostile)
+
+
+HOSTILE_GRPC = [  # (id, fields, words): gRPC streams carry only a message (no status code) per request
+    ("temperature-nan", {"temperature": float("nan")}, "temperature"),
+    ("temperature-inf", {"temperature": float("inf")}, "temperature"),
+    ("temperature-denormal", {"temperature": np.array([[1e-40]], dtype=np.float32)}, "temperature"),
+    ("top_k-int64", {"top_k": np.array([[2**32 + 5]], dtype=np.int64)}, "top_k"),
+    ("max_tokens-shape", {"max_tokens": np.array([[4, 4]], dtype=np.int32)}, "max_tokens"),
+]
+
+
+@pytest.mark.parametrize("fields,words", [c[1:] for c in HOSTILE_GRPC], ids=[c[0] for c in HOSTILE_GRPC])
+def test_hostile_grpc(hostile, fields, words):
+    good = GoodClient(hostile)
+    out, err = grpc_generate(hostile, "hi", stream=True, **fields)
+    assert out is None and err is not None and words in err, err
+    good.check()
+    assert healthy(hostile)
+
+
+def test_huge_grpc_prompt_is_refused_before_tokenizing(hostile):
+    t0 = time.monotonic()
+    out, err = grpc_generate(hostile, "a" * 4_000_000, stream=True, max_tokens=2)
+    assert out is None and "text_input" in err and "context window" in err, err
+    assert time.monotonic() - t0 < 3.0  # tokenizing 4 MB would take seconds
+    assert healthy(hostile)
+
+
+def test_restricted_apis(hostile):
+    """Model control, the repository index, shared memory, logging and trace are closed to clients."""
+    for method, path in [("POST", "/v2/repository/index"), ("POST", "/v2/repository/models/llm/unload"),
+                         ("GET", "/v2/logging"), ("POST", "/v2/logging"), ("GET", "/v2/trace/setting"),
+                         ("GET", "/v2/systemsharedmemory/status"),
+                         ("POST", "/v2/systemsharedmemory/region/x/register")]:
+        c = http.client.HTTPConnection("127.0.0.1", hostile.ports.http, timeout=10)
+        c.request(method, path, body=b"{}" if method == "POST" else None)
+        r = c.getresponse()
+        assert r.status == 403, (path, r.status, r.read())
+        c.close()
+    client = grpcclient.InferenceServerClient(hostile.grpc)
+    try:
+        for call in (client.get_model_repository_index, lambda: client.unload_model("llm"),
+                     client.get_log_settings, client.get_trace_settings, client.get_system_shared_memory_status):
+            with pytest.raises(Exception, match="restricted"):
+                call()
+        assert client.is_model_ready("llm")  # health and metadata stay open
+        assert client.get_model_config("llm").config.name == "llm"
+    finally:
+        client.close()
+    assert healthy(hostile)
+
+
+def _open_stream(srv, max_tokens, prompt="1, 2, 3, 4, 5, 6, 7, 8,"):  # counts on: no early EOS
+    c = http.client.HTTPConnection("127.0.0.1", srv.ports.http, timeout=120)
+    c.request("POST", GEN + "_stream", body=json.dumps({"text_input": prompt, "max_tokens": max_tokens,
+                                                         "stream": True}))
+    return c
+
+
+def test_admission_overflow_and_dropped_waiters(hostile):
+    """max_batch 2 running + max_queue 2 waiting: the next request is refused at once with 503
+    (gRPC: the same message); waiting requests whose clients cancel are dropped, not computed.
+    (gRPC only: Triton 2.51 does not tell the model when an HTTP client leaves before its first
+    response, so a waiting HTTP request is still computed; see README, Limits and errors.)"""
+    hostile.wait_metric('specserve_sequences{state="running"}', lambda v: v == 0)
+    hostile.wait_metric('specserve_sequences{state="waiting"}', lambda v: v == 0)
+    before = hostile.metrics().get("specserve_requests_cancelled_total", 0)
+    runners = [_open_stream(hostile, 250) for _ in range(2)]
+    for c in runners:
+        assert c.getresponse().read1(64).startswith(b"data:")  # running
+    waiters = [Stream(hostile.grpc) for _ in range(MAX_QUEUE)]
+    for w in waiters:
+        w.infer("1, 2, 3, 4, 5, 6, 7, 8,", max_tokens=250, stream=True)
+    hostile.wait_metric('specserve_sequences{state="waiting"}', lambda v: v == MAX_QUEUE)
+
+    t0 = time.monotonic()
+    status, text, headers = post(hostile, GEN, json.dumps({"text_input": "hi", "max_tokens": 4}).encode())
+    assert status == 503 and "overloaded" in text and "retry later" in text, text
+    assert headers.get("Retry-After") == "1"
+    assert time.monotonic() - t0 < 2.0  # refused at once, not queued
+    out, err = grpc_generate(hostile, "hi", stream=True, max_tokens=4)
+    assert out is None and "overloaded" in err, err
+
+    assert hostile.metrics()['specserve_sequences{state="running"}'] == 2
+    for w in waiters:  # the waiting clients give up
+        w.close(cancel=True)
+    hostile.wait_metric('specserve_sequences{state="waiting"}', lambda v: v == 0)
+    after = hostile.metrics()
+    assert after['specserve_sequences{state="running"}'] == 2  # the slots were never theirs
+    assert after["specserve_requests_cancelled_total"] >= before + MAX_QUEUE
+    for c in runners:
+        c.sock.close()
+        c.close()
+    hostile.wait_metric('specserve_sequences{state="running"}', lambda v: v == 0)
+    good = GoodClient(hostile)
+    good.check()
+    assert healthy(hostile)
