@@ -1,8 +1,12 @@
 """Speculative decoding benchmark: plain vs static n-gram speculation, measured side by side.
 
-Part A (engine loop in-process, batch 1): tokens/s and ratio to plain greedy for
-gamma = 2, 4, 8 on copy-heavy and free-form prompts, and where a step's time goes
-(draft, verify forward, acceptance, scheduling) plus prefill.
+Part A (engine loop in-process, batch 1, --engine llama.cpp (default) or torch): tokens/s
+and ratio to plain greedy for static n-gram speculation and the adaptive composite on
+copy-heavy and free-form prompts, and where a step's time goes (draft, verify forward,
+acceptance, scheduling) plus prefill. With llama.cpp, the peers a CPU user would pick
+instead run in the same part on the same GGUF and prompts: llama-cpp-python's `Llama`
+plain and with its prompt-lookup speculation; every row gets its ratio to llama.cpp's
+plain decoding too.
 Part B (through the real Triton server, gRPC streaming clients): aggregate output
 tokens/s under steady load from 1, 8 and 32 closed-loop streams (the server's token
 counter over a measured window), plain vs speculation, mean request latency, and
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import queue
 import statistics
 import threading
@@ -41,33 +46,44 @@ def arm_label(policy, params):
     return "plain" if policy == "off" else f"ngram γ={params['gamma']}"
 
 
-def composite_policy():
-    """Our adaptive policy exactly as the server builds it from its example config."""
+def composite_policy(engine: str = "llama.cpp"):
+    """Our adaptive policy exactly as the server builds it from its example config (planning
+    with the measured cost profile of `engine`)."""
     from backend.server_config import ServerConfig
     from backend.service import load_policy
-    return load_policy(ServerConfig(policy_config="configs/policies/composite.yaml"), ROOT)
+    return load_policy(ServerConfig(policy_config="configs/policies/composite.yaml", engine=engine), ROOT)
+
+
+def bench_prompts():
+    return [("copy-heavy", n, p) for n, p in COPY_HEAVY.items()] + [("free-form", n, p) for n, p in FREE_FORM.items()]
 
 
 # -- Part A ------------------------------------------------------------------------------------
-def part_a(max_tokens: int, repeats: int) -> list:
+def part_a(max_tokens: int, repeats: int, engine_kind: str = "llama.cpp") -> list:
     from transformers import AutoTokenizer
 
-    from backend.engines.torch_llama import TorchLlama
     from backend.offline import make_loop, run_all
     from backend.request import GenerationRequest
 
     tok = AutoTokenizer.from_pretrained(CHECKPOINT)
-    engine = TorchLlama(CHECKPOINT, dtype="bf16", max_slots=1, max_context=2048)
-    prompts = [("copy-heavy", n, p) for n, p in COPY_HEAVY.items()] + [("free-form", n, p) for n, p in FREE_FORM.items()]
+    if engine_kind == "llama.cpp":
+        from backend.engines.llama_cpp import LlamaCpp, served_gguf
+        engine = LlamaCpp(served_gguf(CHECKPOINT), max_slots=1, max_context=2048)
+        arms = [("off", {}), ("static", {"gamma": 1}), ("static", {"gamma": 2}), ("static", {"gamma": 4}),
+                ("composite", {})]
+    else:
+        from backend.engines.torch_llama import TorchLlama
+        engine = TorchLlama(CHECKPOINT, dtype="bf16", max_slots=1, max_context=2048)
+        arms = ARMS
     rows = []
-    for kind, name, prompt in prompts:
-        for policy, params in ARMS:
+    for kind, name, prompt in bench_prompts():
+        for policy, params in arms:
             best = None
             for _ in range(repeats):  # best of N: the machine is shared and noisy
                 loop = make_loop(engine, tok, "off" if policy == "composite" else policy, max_batch=1,
                                  **({"drafter": "ngram", **params} if params else {}))
                 if policy == "composite":
-                    loop.policy = composite_policy()
+                    loop.policy = composite_policy(engine_kind)
                 req = GenerationRequest(prompt=prompt, max_tokens=max_tokens, apply_chat_template=True,
                                         exclude_input_in_output=True)
                 t0 = time.perf_counter()
@@ -87,13 +103,61 @@ def part_a(max_tokens: int, repeats: int) -> list:
                 if best is None or row["tok_s"] > best["tok_s"]:
                     best = row
             rows.append(best)
-            plain = next(r for r in rows if r["prompt"] == name and r["arm"] == "plain")
-            best["ratio"] = best["tok_s"] / plain["tok_s"]
             ms = best["ms_per_step"]
-            log(f"  {kind:10s} {name:9s} {best['arm']:10s} {best['tok_s']:6.1f} tok/s  x{best['ratio']:.2f}  "
+            log(f"  {kind:10s} {name:9s} {best['arm']:10s} {best['tok_s']:6.1f} tok/s  "
                 f"{best['tokens_per_step']:.2f} tok/step  accept {best['acceptance']:.2f}  step {ms['step']:.1f} ms "
                 f"(draft {ms['draft']:.2f}, verify {ms['verify']:.1f}, accept {ms['accept']:.2f}, "
                 f"sched+io {ms['sched+io']:.2f})  prefill {best['prefill_ms']:.0f} ms")
+    if engine_kind == "llama.cpp":
+        engine.close()
+        rows += llama_cpp_peers(tok, max_tokens, repeats)
+    for row in rows:  # ratios to our plain decoding and to llama.cpp's own, same prompt, same run
+        same = [r for r in rows if r["prompt"] == row["prompt"]]
+        row["ratio"] = row["tok_s"] / next(r for r in same if r["arm"] == "plain")["tok_s"]
+        peer = next((r for r in same if r["arm"] == PEER_PLAIN), None)
+        if peer:
+            row["ratio_llama_cpp"] = row["tok_s"] / peer["tok_s"]
+    for row in rows:
+        log(f"  {row['prompt']:9s} {row['arm']:28s} {row['tok_s']:6.1f} tok/s  x{row['ratio']:.2f} of our plain"
+            + (f"  x{row['ratio_llama_cpp']:.2f} of llama.cpp plain" if "ratio_llama_cpp" in row else ""))
+    return rows
+
+
+PEER_PLAIN = "llama.cpp Llama (peer)"
+PEER_LOOKUP = "llama.cpp prompt lookup (peer)"
+
+
+def llama_cpp_peers(tok, max_tokens: int, repeats: int) -> list:
+    """What a CPU user would run instead: llama-cpp-python's high-level `Llama` on the same GGUF
+    and prompts (chat template applied the same way), greedy, plain and with its prompt-lookup
+    speculation (`LlamaPromptLookupDecoding`, its default 10 draft tokens and a short one)."""
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    from backend.engines.llama_cpp import served_gguf
+
+    gguf = str(served_gguf(CHECKPOINT))
+    peers = [(PEER_PLAIN, None), (PEER_LOOKUP, 10), (PEER_LOOKUP.replace("lookup", "lookup k=2"), 2)]
+    rows = []
+    for label, k in peers:
+        llm = Llama(model_path=gguf, n_ctx=2048, n_threads=os.cpu_count(), n_threads_batch=os.cpu_count(),
+                    verbose=False, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=k) if k else None)
+        for kind, name, prompt in bench_prompts():
+            text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                           add_generation_prompt=True)
+            best = None
+            for _ in range(repeats):
+                llm.reset()
+                t0 = time.perf_counter()
+                out = llm.create_completion(text, max_tokens=max_tokens, temperature=0.0, top_k=1)
+                wall = time.perf_counter() - t0
+                n = out["usage"]["completion_tokens"]
+                if best is None or n / wall > best["tok_s"]:
+                    best = {"kind": kind, "prompt": name, "arm": label, "tokens": n, "wall_s": wall,
+                            "tok_s": n / wall}
+            rows.append(best)
+            log(f"  {kind:10s} {name:9s} {label:28s} {best['tok_s']:6.1f} tok/s")
+        del llm
     return rows
 
 
@@ -291,7 +355,7 @@ def plot_engine(ax, a_rows):
         ax.bar([x + i * width for x in range(len(prompts))], vals, width, label=arm)
     ax.set_xticks([x + width * (len(arms) - 1) / 2 for x in range(len(prompts))])
     ax.set_xticklabels([f"{p}\n({next(r['kind'] for r in a_rows if r['prompt'] == p)})" for p in prompts])
-    ax.set_ylabel("tokens/s (batch 1, bf16)")
+    ax.set_ylabel("tokens/s (batch 1)")
     ax.set_title("Engine loop, batch 1")
     ax.legend()
 
@@ -339,6 +403,8 @@ def main(argv=None) -> int:
                     help="Part B sends four fixed prompts over and over instead of distinct requests")
     ap.add_argument("--rounds", type=int, default=1,
                     help="Part B: run the arms round-robin this many times; ratios against the same round's plain")
+    ap.add_argument("--engine", default="llama.cpp", choices=["llama.cpp", "torch"],
+                    help="Part A's engine (Part B serves the server's default engine unless SPECSERVE_ENGINE says)")
     ap.add_argument("--skip-server", action="store_true")
     ap.add_argument("--skip-engine", action="store_true", help="only Part B (through Triton)")
     ap.add_argument("--model-drafters", action="store_true",
@@ -347,8 +413,9 @@ def main(argv=None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     a_rows = []
     if not args.skip_engine:
-        log(f"Part A: engine loop in-process, batch 1, bf16, {args.max_tokens} new tokens, best of {args.repeats}")
-        a_rows = part_a(args.max_tokens, args.repeats)
+        log(f"Part A: engine loop in-process, batch 1, engine {args.engine}, {args.max_tokens} new tokens, "
+            f"best of {args.repeats}")
+        a_rows = part_a(args.max_tokens, args.repeats, args.engine)
     b_rows = []
     if not args.skip_server:
         log(f"Part B: real Triton server, gRPC streaming, {args.max_tokens // 2} new tokens per request, "

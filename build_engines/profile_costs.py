@@ -44,13 +44,16 @@ def shape_for(n: int) -> tuple:
 
 
 def median_time(fn, repeats: int) -> float:
-    """Median wall time of fn() over `repeats` calls after one warm-up (oneDNN picks kernels then)."""
+    """Wall time of fn() over `repeats` calls after one warm-up (oneDNN picks kernels then): the
+    lower median. Other processes on a shared machine only ever add time, and llama.cpp's
+    spinning workers turn a descheduled thread into a stall of a whole time slice, so the upper
+    half of the samples measures the neighbours, not the engine."""
     samples = []
     for _ in range(repeats + 1):
         t0 = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - t0)
-    return statistics.median(samples[1:])
+    return statistics.median_low(sorted(samples[1:])[: max(1, repeats // 2 + 1)])
 
 
 def fill(engine, ctx: int, b: int) -> None:

@@ -159,6 +159,7 @@ class LlamaCpp:
         # llama.cpp's own report of the cache it allocated, in MiB to two decimals: its upper bound
         self.kv_reported_bytes = int((_kv_reports[-1] + 0.005) * 2**20) if len(_kv_reports) > reports else None
         self._mem = ll.llama_get_memory(self._ctx)
+        self._cells_per_slot = ll.llama_n_ctx_seq(self._ctx)
         self.n_batch = n_batch
         self._batch = ll.llama_batch_init(n_batch, 0, 1)
         self._lens = [0] * max_slots  # each slot's cached length
@@ -177,7 +178,7 @@ class LlamaCpp:
     def kv_capacity_tokens(self) -> int:
         """Every sequence has its own stream, allocated up front: max_context cells rounded up
         by llama.cpp (to a multiple of 256), of which max_context are used."""
-        return self.max_slots * self._ll.llama_n_ctx_seq(self._ctx)
+        return self.max_slots * self._cells_per_slot
 
     def cached_length(self, slot: int) -> int:
         return self._lens[slot]
@@ -201,15 +202,17 @@ class LlamaCpp:
         # llama.cpp forms micro-batches from consecutive sequence ids: feed them in slot order.
         order = sorted(range(len(slots)), key=lambda b: slots[b])
         pad_to = max(lens) if self.pad_ragged and max(lens) <= PAD_RAGGED_MAX else 0
-        if sum(max(n, pad_to) for n in lens) <= self.n_batch:
-            self._decode([(b, 0, lens[b], max(lens[b], pad_to)) for b in order], slots, starts, tokens, rows, out, out_at)
+        cells = self._cells_per_slot
+        padded = [max(n, min(pad_to, cells - st)) for n, st in zip(lens, starts)]  # padding stays in the stream
+        if sum(padded) <= self.n_batch:
+            self._decode([(b, 0, lens[b], padded[b]) for b in order], slots, starts, tokens, rows, out, out_at)
         else:  # long prefill: chunks of at most n_batch tokens, one sequence after another
             for b in order:
                 for c0 in range(0, lens[b], self.n_batch):
                     self._decode([(b, c0, min(lens[b], c0 + self.n_batch), 0)], slots, starts, tokens, rows, out, out_at)
         for b in order:
             self._lens[slots[b]] = starts[b] + lens[b]
-            if lens[b] < pad_to:  # the padding's cells
+            if lens[b] < padded[b]:  # the padding's cells
                 self._ll.llama_memory_seq_rm(self._mem, slots[b], starts[b] + lens[b], -1)
         return torch.from_numpy(out)
 
