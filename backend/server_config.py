@@ -20,6 +20,7 @@ class ServerConfig:
     checkpoint: str = ".cache/models/smollm2-135m-instruct"  # any local HF Llama-family dir
     engine: str = "llama.cpp"  # llama.cpp (CPU default) | torch (exact reference, hosts model drafters) | trtllm (GPU; not yet run on one)
     dtype: str = "bf16"  # torch engine: bf16 | fp32
+    batch_invariant: bool = True  # torch engine, bf16: logits bit-identical whatever the batch (1.3-2.4x slower steps)
     gguf: str = ""  # llama.cpp engine: the GGUF file; "" = the one the checkpoint's manifest names (build_engines/prepare_gguf.py)
     kv_type: str = "q8_0"  # llama.cpp engine's KV cache type: q8_0 | bf16 (batch-invariant) | f16 (not batch-invariant)
     max_batch: int = 32  # running sequences per model instance

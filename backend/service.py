@@ -54,7 +54,7 @@ def engine_name(cfg: ServerConfig, root: Path) -> str:
         return f"llama.cpp/{gguf.stem.rsplit('.', 1)[-1].rsplit('-', 1)[-1].upper()}"
     if cfg.engine == "trtllm":
         return "trtllm"
-    return f"torch/{cfg.dtype}"
+    return "torch/bf16-variant" if cfg.dtype == "bf16" and not cfg.batch_invariant else f"torch/{cfg.dtype}"
 
 
 def build_loop(cfg: ServerConfig, root: Path) -> EngineLoop:
@@ -96,7 +96,8 @@ def build_engine(cfg: ServerConfig, root: Path, ckpt: Path) -> Engine:
         gguf = cfg.resolve(cfg.gguf, root) if cfg.gguf else served_gguf(ckpt)
         return LlamaCpp(gguf, max_slots=cfg.max_batch, max_context=cfg.max_context, threads=cfg.threads,
                         kv_type=cfg.kv_type)
-    return TorchLlama(ckpt, dtype=cfg.dtype, max_slots=cfg.max_batch, max_context=cfg.max_context)
+    return TorchLlama(ckpt, dtype=cfg.dtype, max_slots=cfg.max_batch, max_context=cfg.max_context,
+                      batch_invariant=cfg.batch_invariant)
 
 
 def build_service(cfg: ServerConfig, root: Path):

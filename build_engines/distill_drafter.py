@@ -98,7 +98,8 @@ def progress_printer(what: str):
 
 def load_target(ckpt: Path, max_slots: int, max_context: int):
     from backend.engines.torch_llama import TorchLlama
-    return TorchLlama(ckpt, dtype="bf16", max_slots=max_slots, max_context=max_context)
+    return TorchLlama(ckpt, dtype="bf16", max_slots=max_slots, max_context=max_context,
+                      batch_invariant=False)  # labels only: the faster kernels
 
 
 def train_precision():

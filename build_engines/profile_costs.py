@@ -113,7 +113,8 @@ def drafter_label(path: Optional[Path]) -> str:
 def drafter_profile(path: Path, dtype: str, repeats: int):
     """(draft_s table, switch-cost table) of a built model drafter."""
     from backend.engines.torch_llama import TorchLlama
-    eng = TorchLlama(path, dtype=dtype, max_slots=TOKEN_BATCH[-1], max_context=CTX_BUCKETS[-1] + 16)
+    eng = TorchLlama(path, dtype=dtype, max_slots=TOKEN_BATCH[-1], max_context=CTX_BUCKETS[-1] + 16,
+                     batch_invariant=False)  # as backend/drafters/model.py runs drafters
     draft = []
     for ctx in CTX_BUCKETS:
         draft.append([time_decode(eng, ctx, n, repeats) for n in TOKEN_BATCH])

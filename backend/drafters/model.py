@@ -50,7 +50,9 @@ class ModelDrafter(Drafter):
         self.checkpoint = Path(checkpoint)
         mf = self.checkpoint / "manifest.json"
         self.manifest = json.loads(mf.read_text()) if mf.exists() else {}
-        self._args = dict(dtype=dtype, max_slots=max_slots, max_context=max_context)
+        # A drafter's numerics need not be batch-invariant (the target verifies every draft), so it
+        # runs the faster kernels.
+        self._args = dict(dtype=dtype, max_slots=max_slots, max_context=max_context, batch_invariant=False)
         self._target = target
         self._engine: Optional[TorchLlama] = None
         self._ready = threading.Event()

@@ -84,23 +84,40 @@ class Linear:
     same numbers, summed in fp32 either way.
     """
 
-    __slots__ = ("weight", "packed", "wide", "nbytes")
+    __slots__ = ("weight", "packed", "wide", "nbytes", "min_rows")
     WIDE_ROWS = 8  # whole-model step times of bf16 and fp32 weights cross at 6-8 rows on 2 AVX2 cores
+    MIN_ROWS = 8  # batch-invariant mode: every call multiplies at least this many rows (see __call__)
 
-    def __init__(self, weight: torch.Tensor):  # weight: [out, in]
+    def __init__(self, weight: torch.Tensor, batch_invariant: bool = False):  # weight: [out, in]
+        """batch_invariant (bf16): a row's product must not depend on how many rows share the
+        call. oneDNN's packed bf16 kernel sums K in a different order below 6 rows (K=1536,
+        down_proj: up to 1.6e-2 apart, measured), the same order from 6 to 2048+ rows: so
+        fewer than MIN_ROWS rows are padded with zero rows (costs ~nothing: 1..9 rows cost
+        the same). Without native bf16 there is one weight path (the bf16 one, no fp32 copy):
+        the fp32 copy's MKL sgemm changes its reduction order with the row count, and two
+        weight paths give two answers."""
         self.weight = weight.contiguous()
         self.packed = self.wide = None
+        self.min_rows = self.MIN_ROWS if batch_invariant and weight.dtype == torch.bfloat16 else 1
         if weight.dtype == torch.bfloat16 and native_bf16():
             try:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 64)
                 self.weight = None  # the packed copy is the weight now: do not hold both
             except (RuntimeError, AttributeError):  # an older/other build: plain F.linear
                 self.packed = None
-        elif weight.dtype == torch.bfloat16:
+        elif weight.dtype == torch.bfloat16 and not batch_invariant:
             self.wide = self.weight.float()
         self.nbytes = weight.numel() * weight.element_size() + (self.wide.numel() * 4 if self.wide is not None else 0)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        if rows < self.min_rows:  # pad to a row count whose kernel sums like every larger one
+            flat = x.reshape(rows, x.shape[-1])
+            y = self._mul(torch.cat([flat, flat.new_zeros(self.min_rows - rows, x.shape[-1])]))
+            return y[:rows].reshape(*x.shape[:-1], y.shape[-1])
+        return self._mul(x)
+
+    def _mul(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         if self.wide is not None and x.numel() >= self.WIDE_ROWS * x.shape[-1]:
@@ -139,18 +156,33 @@ def load_checkpoint(ckpt: Path, dtype: torch.dtype):
 
 
 class TorchLlama:
-    """Ragged-batch Llama forward over a slot-contiguous preallocated KV cache."""
+    """Ragged-batch Llama forward over a slot-contiguous preallocated KV cache.
 
-    def __init__(self, ckpt: str | Path, *, dtype: str = "bf16", max_slots: int = 8, max_context: int = 2048):
+    batch_invariant (default on; bf16 only, fp32 ignores it): a position's logits and hidden
+    state are bit-identical whatever else shares the forward (other sequences, draft tokens,
+    padding) and whichever slot holds the sequence, so verifying k drafts in one forward
+    gives exactly what decoding them one at a time gives (lossless greedy speculation).
+    Off, bf16 logits of the same token move by 0.1-0.5 between batch shapes (argmax
+    flips). A drafter's engine needs no invariance (its drafts are verified): pass False. It fixes the kernels' shapes: linear layers get >= Linear.MIN_ROWS rows, and
+    attention gets one token per flash-kernel batch entry and keys in whole KV_TILEs (see
+    _attend_invariant). Cost: bench/bench_batch_invariance.py.
+    """
+
+    KV_TILE = 512  # batch-invariant attention: keys per call in whole 512-key blocks of the flash kernel
+
+    def __init__(self, ckpt: str | Path, *, dtype: str = "bf16", max_slots: int = 8, max_context: int = 2048,
+                 batch_invariant: bool = True):
         self.dtype = DTYPES[dtype]
+        self.batch_invariant = batch_invariant and self.dtype == torch.bfloat16
         self.shape, w = load_checkpoint(Path(ckpt), self.dtype)
         s = self.shape
         if max_context > s.max_positions:
             raise ValueError(f"max_context {max_context} exceeds the model's {s.max_positions} positions")
         self.max_slots, self.max_context = max_slots, max_context
         self.embed = w["embed_tokens.weight"]
+        bi = self.batch_invariant
         self.lm_head = Linear(w["embed_tokens.weight"] if s.tie_embeddings or "lm_head.weight" not in w
-                              else w["lm_head.weight"])
+                              else w["lm_head.weight"], bi)
         self.final_norm = w["norm.weight"]
         # A drafter's head may cover only a draft vocabulary: logit column j is token draft_vocab[j].
         self.draft_vocab = w.get("draft_vocab")
@@ -159,11 +191,11 @@ class TorchLlama:
             p = f"layers.{i}."
             L = Layer()
             L.attn_norm = w[p + "input_layernorm.weight"]
-            L.wqkv = Linear(torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]))
-            L.wo = Linear(w[p + "self_attn.o_proj.weight"])
+            L.wqkv = Linear(torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]), bi)
+            L.wo = Linear(w[p + "self_attn.o_proj.weight"], bi)
             L.mlp_norm = w[p + "post_attention_layernorm.weight"]
-            L.w_gate_up = Linear(torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]))
-            L.w_down = Linear(w[p + "mlp.down_proj.weight"])
+            L.w_gate_up = Linear(torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]), bi)
+            L.w_down = Linear(w[p + "mlp.down_proj.weight"], bi)
             self.layers.append(L)
         # RoPE tables for positions 0..max_context (the last one is the scratch position).
         inv = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.float32) / s.head_dim))
@@ -181,7 +213,9 @@ class TorchLlama:
 
     @property
     def name(self) -> str:
-        return "torch/" + ("bf16" if self.dtype == torch.bfloat16 else "fp32")
+        if self.dtype != torch.bfloat16:
+            return "torch/fp32"
+        return "torch/bf16" if self.batch_invariant else "torch/bf16-variant"  # other logits, other costs
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -260,14 +294,19 @@ class TorchLlama:
         write_pos = torch.where(valid, pos, torch.full_like(pos, self.max_context))  # padding -> scratch
         slot_t = torch.tensor(slots, dtype=torch.long)
         ctx_len = max(st + n for st, n in zip(starts, lens))
+        g = s.heads // s.kv_heads
+        if self.batch_invariant:  # whole key blocks: see _attend_invariant
+            ctx_len = min(-(-ctx_len // self.KV_TILE) * self.KV_TILE, self.max_context + 1)
         # Flat cache row for (slot, kv_head, position): [B, kv_heads, S]
         C = self.max_context + 1
         heads_t = torch.arange(s.kv_heads).view(1, -1, 1)
         flat_idx = ((slot_t.view(-1, 1, 1) * s.kv_heads + heads_t) * C + write_pos.unsqueeze(1)).reshape(-1)
         # Causal mask over the cache prefix: query at position p sees keys 0..p.  [B, 1, S, ctx_len]
         mask = torch.arange(ctx_len).view(1, 1, 1, -1) <= pos.view(B, 1, S, 1)
-        g = s.heads // s.kv_heads
-        mask = mask.expand(B, 1, S, ctx_len).repeat(1, 1, g, 1) if g > 1 else mask  # [B, 1, g*S, ctx_len]
+        if self.batch_invariant:  # per token: [B, S, 1, g, ctx_len]
+            mask = mask.view(B, S, 1, 1, ctx_len).expand(B, S, 1, g, ctx_len)
+        elif g > 1:
+            mask = mask.expand(B, 1, S, ctx_len).repeat(1, 1, g, 1)  # [B, 1, g*S, ctx_len]
         cos, sin = self.cos[rope_pos].unsqueeze(2), self.sin[rope_pos].unsqueeze(2)  # [B, S, 1, hd]
         contiguous = list(slots) == list(range(slots[0], slots[0] + B))
 
@@ -289,14 +328,17 @@ class TorchLlama:
             kc, vc = self.k_cache[i], self.v_cache[i]
             kc.view(-1, s.head_dim).index_copy_(0, flat_idx, k.transpose(1, 2).reshape(-1, s.head_dim))
             vc.view(-1, s.head_dim).index_copy_(0, flat_idx, v.transpose(1, 2).reshape(-1, s.head_dim))
-            if contiguous:
-                keys, values = kc[slots[0]: slots[0] + B, :, :ctx_len], vc[slots[0]: slots[0] + B, :, :ctx_len]
+            if self.batch_invariant:
+                o = self._attend_invariant(q, kc, vc, slots, lens, mask)
             else:
-                keys, values = kc[slot_t, :, :ctx_len], vc[slot_t, :, :ctx_len]
-            # Fold the g query heads of each kv head into the query axis: [B, kvh, g*S, hd]
-            qg = q.view(B, S, s.kv_heads, g, s.head_dim).permute(0, 2, 3, 1, 4).reshape(B, s.kv_heads, g * S, s.head_dim)
-            o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)
-            o = o.view(B, s.kv_heads, g, S, s.head_dim).permute(0, 3, 1, 2, 4).reshape(B, S, qd)
+                if contiguous:
+                    keys, values = kc[slots[0]: slots[0] + B, :, :ctx_len], vc[slots[0]: slots[0] + B, :, :ctx_len]
+                else:
+                    keys, values = kc[slot_t, :, :ctx_len], vc[slot_t, :, :ctx_len]
+                # Fold the g query heads of each kv head into the query axis: [B, kvh, g*S, hd]
+                qg = q.view(B, S, s.kv_heads, g, s.head_dim).permute(0, 2, 3, 1, 4).reshape(B, s.kv_heads, g * S, s.head_dim)
+                o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)
+                o = o.view(B, s.kv_heads, g, S, s.head_dim).permute(0, 3, 1, 2, 4).reshape(B, S, qd)
             x = x + L.wo(o)
             h = F.rms_norm(x, (s.hidden,), L.mlp_norm, s.rms_eps)
             gu = L.w_gate_up(h)
@@ -313,6 +355,41 @@ class TorchLlama:
             rows = F.rms_norm(rows, (s.hidden,), self.final_norm, s.rms_eps)
         logits = self.lm_head(rows).float()
         return (logits, x[valid]) if return_hidden else logits
+
+    def _attend_invariant(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: Sequence[int],
+                          lens: Sequence[int], mask: torch.Tensor) -> torch.Tensor:
+        """Batch-invariant attention of q [B, S, heads, hd] over the cache of `slots`, under
+        `mask` [B, S, 1, g, ctx] (ctx a multiple of KV_TILE, or the whole cache); [B, S, heads*hd].
+
+        The CPU flash kernel cuts a batch entry's query rows into blocks of 32 (64/256 from
+        192/768 rows) and its keys into blocks of 512 (the last one shorter), and MKL's bf16
+        gemm inside sums differently for different block shapes. Measured: a query's output
+        moves with the number of queries beside it (S, folded heads), and, for ~1 row in 1000,
+        with the key count even in whole 32- or 64-key tiles. So here every block has one
+        shape: each token is its own batch entry (its g query heads of one kv head are the
+        g rows of the only query block), and the key count is a multiple of 512 (or the whole
+        cache, which every row near its end gets too): a row's keys always sit in full
+        512-key blocks, keys past its position are masked to exact zeros, and blocks wholly
+        past it add exactly nothing. A sequence's tokens share its keys by a stride-0 view.
+        """
+        B, S, heads, hd = q.shape
+        kvh, ctx = kc.shape[1], mask.shape[-1]
+        g = heads // kvh
+        q = q.view(B, S, kvh, g, hd)
+        if S == 1:  # decoding: one entry per sequence, one call
+            if list(slots) == list(range(slots[0], slots[0] + B)):  # a view, no copy
+                keys, values = kc[slots[0]: slots[0] + B, :, :ctx], vc[slots[0]: slots[0] + B, :, :ctx]
+            else:
+                idx = torch.tensor(slots, dtype=torch.long)
+                keys, values = kc[idx, :, :ctx], vc[idx, :, :ctx]
+            o = F.scaled_dot_product_attention(q[:, 0], keys, values, attn_mask=mask[:, 0])
+            return o.reshape(B, 1, heads * hd)
+        out = q.new_zeros(B, S, kvh, g, hd)  # a sequence's padding tokens keep zeros (their rows are dropped)
+        for b, (slot, n) in enumerate(zip(slots, lens)):
+            keys = kc[slot, :, :ctx].expand(n, kvh, ctx, hd)
+            values = vc[slot, :, :ctx].expand(n, kvh, ctx, hd)
+            out[b, :n] = F.scaled_dot_product_attention(q[b, :n], keys, values, attn_mask=mask[b, :n])
+        return out.view(B, S, heads * hd)
 
     # -- cache management ------------------------------------------------------
     def truncate(self, slot: int, length: int) -> None:

@@ -6,10 +6,15 @@ cost metadata. A new engine joins by adding one EngineCase to ENGINES: how to bu
 from the default model's directory, how to measure its KV cache's real size, and the
 logit tolerance of its batch invariance (0.0 for a bit-identical engine).
 
-Tolerance: the torch engine in fp32 is not bit-identical across batch shapes (the
-matrix kernels block differently for B*S rows than for n rows), but it is close: the
-largest |logit difference| these tests see is 5.0e-5 (1 or 2 threads; logits reach
-~31, about 13 float32 ulps there), so it declares 1e-4. Every comparison also asserts greedy (argmax) equality.
+Tolerance: the torch engine in bf16 (the served dtype) is bit-identical, atol 0.0: it
+runs batch-invariant by default (TorchLlama(batch_invariant=True): linear layers never see
+fewer than 8 rows, attention sees whole tiles of query rows and keys, so every kernel sums a
+row in the same order whatever shares the forward). Without that, bf16 logits of one token
+moved by 0.1-0.5 between batch shapes. The fp32 engine is not bit-identical across batch
+shapes (MKL's sgemm blocks differently for B*S rows than for n rows), but it is close: the
+largest |logit difference| these tests see is 5.0e-5 (1 or 2 threads; logits reach ~31,
+about 13 float32 ulps there), so it declares 1e-4. Every comparison also asserts greedy
+(argmax) equality.
 """
 from __future__ import annotations
 
@@ -38,6 +43,10 @@ def _torch_fp32(model_dir: Path, max_slots: int, max_context: int) -> TorchLlama
     return TorchLlama(model_dir, dtype="fp32", max_slots=max_slots, max_context=max_context)
 
 
+def _torch_bf16(model_dir: Path, max_slots: int, max_context: int) -> TorchLlama:
+    return TorchLlama(model_dir, dtype="bf16", max_slots=max_slots, max_context=max_context)
+
+
 def _torch_kv_bytes(engine: TorchLlama) -> int:
     return sum(t.numel() * t.element_size() for t in engine.k_cache + engine.v_cache)
 
@@ -53,6 +62,7 @@ def _llama_cpp_kv_bytes(engine) -> int:
 
 ENGINES: List[EngineCase] = [
     EngineCase("torch-fp32", _torch_fp32, _torch_kv_bytes, atol=1e-4),  # measured max 5.0e-5
+    EngineCase("torch-bf16", _torch_bf16, _torch_kv_bytes, atol=0.0),  # batch-invariant: bit-identical
     EngineCase("llama.cpp", _llama_cpp, _llama_cpp_kv_bytes, atol=0.0),  # the served GGUF, Q8_0 KV: bit-identical
 ]
 
@@ -104,6 +114,32 @@ def test_ragged_forward_equals_each_sequence_alone(case, texts, slots):
     got = eng.forward(slots, cut, [ids[k:k + 6] for ids, k in zip(texts, cut)])
     assert got.dtype == torch.float32 and got.shape == (11, eng.shape.vocab)
     assert_close(c, got, torch.cat(alone_step))
+
+
+def test_a_token_alone_equals_it_inside_batches_of_every_size(case, texts):
+    """A token decoded alone gives the logits it gets as the first of 1..5 drafts under
+    verification inside forwards of 1 to 40 rows: other sequences append prefill chunks of
+    mixed lengths beside it, before or after it in batch order, in scattered slots."""
+    c, eng = case
+    ids, k = texts[0], 8
+    eng.forward([2], [0], [ids[:k]])
+    want = eng.forward([2], [k], [ids[k:k + 1]])
+    pool = texts[1] + texts[2] + texts[0]
+    for total in [*range(1, 13), 16, 21, 27, 33, 40]:
+        mine = min(total, 1 + total % 5)
+        drafts = (ids[k:] + pool)[:mine]
+        rest, others = total - mine, []
+        for j in range(3):  # split the other rows over slots 3, 0, 1 in uneven chunks
+            n = rest if j == 2 else rest * (j + 1) // 6
+            if n:
+                others.append(pool[j: j + n])
+            rest -= n
+        slots, starts, tokens = [3, 0, 1][:len(others)], [0] * len(others), others
+        at = total % (len(others) + 1)  # where the sequence sits in batch order
+        slots, starts, tokens = slots[:at] + [2] + slots[at:], starts[:at] + [k] + starts[at:], tokens[:at] + [drafts] + tokens[at:]
+        assert sum(map(len, tokens)) == total
+        got = eng.forward(slots, starts, tokens, logit_rows=[[0] if s == 2 else [] for s in slots])
+        assert_close(c, got, want)
 
 
 def test_logit_rows_select_exactly_those_rows_in_order(case, texts):

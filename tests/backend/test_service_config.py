@@ -28,6 +28,8 @@ def test_engine_names_without_building_the_engine(project):
     assert engine_name(cfg(), project) == "llama.cpp/Q4_0"  # the default engine, the manifest's GGUF
     assert engine_name(cfg(gguf="/models/SmolLM2-135M-Instruct.Q8_0.gguf"), project) == "llama.cpp/Q8_0"
     assert engine_name(cfg(engine="torch", dtype="fp32"), project) == "torch/fp32"
+    assert engine_name(cfg(engine="torch"), project) == "torch/bf16"
+    assert engine_name(cfg(engine="torch", batch_invariant=False), project) == "torch/bf16-variant"
 
 
 def test_each_engine_plans_with_its_own_profile(project):
