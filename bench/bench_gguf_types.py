@@ -55,8 +55,8 @@ def reference_runs(tok, n_new: int):
     ref = TorchLlama(CHECKPOINT, dtype="fp32", max_slots=1, max_context=2048)
     runs = []
     for prompt in list(COPY_HEAVY.values()) + list(FREE_FORM.values()):
-        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+        ids = tok(text, add_special_tokens=False).input_ids
         out = ref.forward([0], [0], [ids], logit_rows=[[len(ids) - 1]])
         cont = [int(out.argmax(-1)[0])]
         for i in range(n_new - 1):

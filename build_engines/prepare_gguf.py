@@ -18,7 +18,7 @@ import shutil
 import time
 from pathlib import Path
 
-DEFAULT_TYPE = "Q4_0"  # measured: docs/results.md "llama.cpp quantization type"
+DEFAULT_TYPE = "Q8_0"  # measured (bench/bench_gguf_types.py): docs/results.md "llama.cpp: which GGUF type"
 FTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7}  # llama_ftype values (LLAMA_FTYPE_MOSTLY_*)
 
 

@@ -22,6 +22,10 @@ TEMPLATES = ["Explain {t} to a child in three sentences.", "Write a numbered lis
              "Repeat exactly, twice: 'I have read about {t} today.'"]
 PROMPTS = BASE_PROMPTS + [t.format(t=topic) for topic in TOPICS for t in TEMPLATES]
 MAX_TOKENS = 24
+# Goodput models that price speculation out on this engine's measured curve (verifying 2
+# tokens costs ~1.8 decode steps on 2 cores) with their prior acceptance (~0.7), so they never
+# draft here; the others explore and draft on the copy-heavy prompts.
+PRICED_OUT = ("adaspec", "smartspec")
 DRAFTER_DIR = Path(__file__).resolve().parents[2] / ".cache" / "drafters"
 
 
@@ -75,14 +79,21 @@ def test_every_policy_is_lossless_on_llama_cpp(engine, tokenizer, plain, drafter
     loop = make_loop(engine, tokenizer, "off", max_batch=batch, drafters=drafters)
     loop.policy = served_policy(name, engine="llama.cpp")
     assert_same(plain, texts(loop), f"{name}, max_batch {batch}")
-    if name != "off":
+    if name not in ("off",) + PRICED_OUT:
         assert loop.stats.drafted > 0, f"{name} never speculated"
 
 
-def test_lossless_under_preemption(engine, tokenizer, plain):
-    """A KV budget of ~3 sequences' worth for 8 running ones: sequences are preempted (their
-    cells removed) and recomputed later, and still produce plain greedy's text."""
-    budget = 3 * 160 * engine.kv_bytes_per_token
+def test_lossless_under_preemption(engine, tokenizer):
+    """16 requests of 64 new tokens in 8 slots under a KV budget that holds the longest one and
+    little more: sequences are preempted (their cells removed) and recomputed later, and still
+    produce the text plain decoding gives them alone with an unconstrained budget."""
+    prompts, n = PROMPTS[:16], 64
+    want = [s.chunks[-1].text for s in run_all(make_loop(engine, tokenizer, "off", max_batch=1),
+                                               [greedy(p, n) for p in prompts])]
+    longest = max(len(tokenizer(p).input_ids) for p in prompts) + n
+    budget = (longest + 3 * 16) * engine.kv_bytes_per_token
     loop = make_loop(engine, tokenizer, "static", max_batch=8, kv_budget_bytes=budget, drafter="ngram", gamma=3)
-    assert_same(plain, texts(loop), "static ngram under a tight KV budget")
+    got = [s.chunks[-1].text for s in run_all(loop, [greedy(p, n) for p in prompts])]
+    differ = [p[:40] for p, a, b in zip(prompts, want, got) if a != b]
+    assert not differ, f"under a tight KV budget {len(differ)} of {len(prompts)} outputs differ: {differ[:3]}"
     assert loop.stats.preemptions > 0, "the budget never forced a preemption: the test proves little"
