@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from .contract import check_forward_args, check_slot
+
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
 
 
@@ -228,38 +230,6 @@ class TorchLlama:
         per slot that padding writes to, not counted here)."""
         return self.max_slots * self.max_context
 
-    def _check_slot(self, slot: int, what: str = "slot") -> None:
-        if not 0 <= slot < self.max_slots:
-            raise ValueError(f"{what} {slot} is out of range: this engine has slots 0..{self.max_slots - 1}")
-
-    def _check_batch(self, slots, starts, lens, logit_rows, tokens) -> None:
-        """The contract's limits, checked before anything is written (ValueError, cache untouched).
-        Python-level only: microseconds against a step of milliseconds."""
-        if not (len(slots) == len(starts) == len(lens)) or not lens:
-            raise ValueError(f"slots, starts and tokens must be non-empty and of equal length "
-                             f"({len(slots)}, {len(starts)}, {len(lens)})")
-        if len(set(slots)) != len(slots):
-            raise ValueError(f"a slot appears twice in one forward: {list(slots)}")
-        for slot in slots:
-            self._check_slot(slot)
-        if min(lens) <= 0:
-            raise ValueError("every sequence must append at least one token")
-        for st, n in zip(starts, lens):
-            if st < 0:
-                raise ValueError(f"negative start position {st}")
-            if st + n > self.max_context:
-                raise ValueError(f"sequence would exceed the context window ({st}+{n} > {self.max_context})")
-        if tokens is not None:
-            lo, hi, vocab = min(min(t) for t in tokens), max(max(t) for t in tokens), self.embed.shape[0]
-            if lo < 0 or hi >= vocab:
-                raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {vocab})")
-        if logit_rows is not None:
-            if len(logit_rows) != len(lens):
-                raise ValueError(f"logit_rows has {len(logit_rows)} entries for {len(lens)} sequences")
-            for rows, n in zip(logit_rows, lens):
-                if any(not 0 <= r < n for r in rows) or any(a >= b for a, b in zip(rows, rows[1:])):
-                    raise ValueError(f"logit_rows {list(rows)} must be strictly increasing indices in [0, {n})")
-
     # -- forward ---------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, slots: Sequence[int], starts: Sequence[int], tokens: Sequence[Sequence[int]],
@@ -281,7 +251,7 @@ class TorchLlama:
         s = self.shape
         B = len(slots)
         lens = [len(t) for t in tokens]
-        self._check_batch(slots, starts, lens, logit_rows, tokens if embeds is None else None)
+        check_forward_args(self, slots, starts, tokens if embeds is None else None, logit_rows, lens=lens)
         S = max(lens)
         ids = torch.zeros(B, S, dtype=torch.long)
         pos = torch.empty(B, S, dtype=torch.long)
@@ -396,7 +366,7 @@ class TorchLlama:
         """Forget the slot's positions >= length: nothing to do here, because the cached
         length is the caller's number and a forward at start s overwrites positions >= s
         (attention only reads positions < s + new tokens). Checks its arguments only."""
-        self._check_slot(slot)
+        check_slot(self, slot)
         if not 0 <= length <= self.max_context:
             raise ValueError(f"truncate length {length} is outside [0, {self.max_context}]")
 
@@ -404,8 +374,8 @@ class TorchLlama:
         """Copy the first `length` cached positions of slot src into slot dst. The contract
         calls src empty afterwards; here its tensors keep their values, unread until a
         forward at start 0 overwrites them."""
-        self._check_slot(src, "source slot")
-        self._check_slot(dst, "destination slot")
+        check_slot(self, src, "source slot")
+        check_slot(self, dst, "destination slot")
         if src == dst:
             raise ValueError(f"move_slot from slot {src} to itself")
         if not 0 <= length <= self.max_context:

@@ -7,6 +7,7 @@ suite checks that at the level of single forwards, tolerance 0)."""
 from pathlib import Path
 
 import pytest
+import torch
 
 from backend.drafters import make_drafter
 from backend.drafters.feature import load_model_drafter
@@ -31,9 +32,12 @@ DRAFTER_DIR = Path(__file__).resolve().parents[2] / ".cache" / "drafters"
 
 @pytest.fixture(scope="module")
 def engine(checkpoint):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the server runs torch beside llama.cpp (backend/service.py)
     eng = LlamaCpp(served_gguf(checkpoint), max_slots=8, max_context=512)
     yield eng
     eng.close()
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
