@@ -9,7 +9,11 @@ reaches Triton the edge
 - refuses a body over `max_body_bytes` (413) and JSON nested deeper than `max_depth` (400);
 - on the generate endpoints, refuses what Triton would answer 500 for or silently wrap
   (a body that is not a JSON object, a field of the wrong JSON type, an integer outside its
-  tensor type such as max_tokens 2^32+8, which INT32 would wrap to 8) with 400 naming the field;
+  tensor type such as max_tokens 2^32+8, which INT32 would wrap to 8) with 400 naming the field,
+  and a field that is no input of the model (Triton would pass it on as a parameter the model
+  never reads), as Triton itself refuses an unknown input on /infer and gRPC;
+- sends /infer on the decoupled models (llm, ensemble, tensorrt_llm_bls), which Triton refuses
+  with 501, to the unary model llm_unary (model_repository/llm_unary) on the same engine;
 - gives the model's own errors their status: Triton 2.51 answers 400 for every error a
   decoupled model sends, so "server overloaded" becomes 503 (with Retry-After) and
   "internal error" 500;
@@ -36,6 +40,11 @@ INTERNAL_PREFIX = "internal error"  # backend/triton_adapter.py, backend/engine_
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
               "transfer-encoding", "upgrade", "content-length", "host", "expect"}
 GENERATE = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?/generate(?:_stream)?$")
+GENERATE_FIELDS = {"id", "parameters"}  # generate-request fields of Triton's own besides the inputs
+INFER = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?/infer$")
+# Triton refuses /infer for a decoupled model (501); these names reach the engine's unary model
+# (model_repository/llm_unary) instead. Its responses name llm_unary as the model.
+UNARY_ROUTES = {"llm": "llm_unary", "ensemble": "llm_unary", "tensorrt_llm_bls": "llm_unary"}
 INFER_HEADER = "Inference-Header-Content-Length"
 
 _INT_RANGES = {f"TYPE_INT{b}": (-(1 << (b - 1)), (1 << (b - 1)) - 1) for b in (8, 16, 32, 64)}
@@ -114,11 +123,27 @@ def check_field(name: str, value, data_type: str) -> None:
 
 
 def check_generate(body, input_types: dict) -> None:
+    """A generate body against the model's inputs ({} when the model is unknown: Triton says so).
+    Triton would pass a field that is no input on as a request parameter, which the model never
+    reads: refused here, naming it, as Triton refuses an unknown input on /infer and gRPC."""
     if not isinstance(body, dict):
         raise EdgeError(400, f"the request body must be a JSON object, got {_type_name(body)}")
     for name, value in body.items():
         if name in input_types:
             check_field(name, value, input_types[name])
+        elif input_types and name not in GENERATE_FIELDS:
+            raise EdgeError(400, unknown_input_message(name, input_types))
+    params = body.get("parameters")
+    if input_types and isinstance(params, dict):
+        for name in params:
+            if name in input_types:
+                raise EdgeError(400, f"parameters.{name} is not read by the model: send {name} as a "
+                                     "top-level field of the request")
+
+
+def unknown_input_message(name: str, input_types: dict) -> str:
+    return (f"unexpected input '{name}': this model has no such input (it has "
+            f"{', '.join(sorted(input_types))})")
 
 
 def status_for_model_error(status: int, message: str) -> int:
@@ -139,22 +164,30 @@ def error_response(status: int, message: str, stream: bool = False) -> web.Respo
 
 
 class Edge:
-    def __init__(self, upstream: str, max_body_bytes: int = MAX_BODY_BYTES, max_depth: int = MAX_DEPTH):
+    def __init__(self, upstream: str, max_body_bytes: int = MAX_BODY_BYTES, max_depth: int = MAX_DEPTH,
+                 grpc_upstream: Optional[str] = None):
         self.upstream = upstream.rstrip("/")  # e.g. http://127.0.0.1:18000
+        self.grpc_upstream = grpc_upstream  # Triton's gRPC, e.g. 127.0.0.1:8001: serves the OpenAI API
         self.max_body_bytes, self.max_depth = max_body_bytes, max_depth
         self.session: Optional[ClientSession] = None
-        self._input_types: dict = {}  # model -> {input name: data_type}
+        self._configs: dict = {}  # model -> Triton's model config (JSON)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes + 1)  # the handler reads; this is a backstop
+        if self.grpc_upstream:  # /v1/...: backend/openai_api.py, before the catch-all
+            from .openai_api import OpenAIApi
+            OpenAIApi(self, self.grpc_upstream).mount(app)
         app.router.add_route("*", "/{tail:.*}", self.handle)
         app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)
         return app
 
     async def _open(self, app) -> None:
+        # skip_auto_headers: no Accept-Encoding the client did not send, or Triton gzips /infer
+        # responses for clients that cannot read them (perf_analyzer -i http, curl).
         self.session = ClientSession(connector=TCPConnector(limit=0), auto_decompress=False,
-                                     timeout=ClientTimeout(total=None, sock_connect=5))
+                                     timeout=ClientTimeout(total=None, sock_connect=5),
+                                     skip_auto_headers=("Accept-Encoding",))
 
     async def _close(self, app) -> None:
         await self.session.close()
@@ -172,17 +205,30 @@ class Edge:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def _model_inputs(self, model: str) -> dict:
-        if model not in self._input_types:
+    async def _model_config(self, model: str) -> dict:
+        """Triton's config of `model` ({} if unknown or unreachable; cached once fetched)."""
+        if model not in self._configs:
             try:
                 async with self.session.get(f"{self.upstream}/v2/models/{model}/config") as r:
                     if r.status != 200:
                         return {}  # unknown model: Triton says so
-                    config = await r.json()
+                    self._configs[model] = await r.json()
             except (ClientError, ValueError):
                 return {}
-            self._input_types[model] = {i["name"]: i["data_type"] for i in config.get("input", [])}
-        return self._input_types[model]
+        return self._configs[model]
+
+    async def _model_inputs(self, model: str) -> dict:
+        return {i["name"]: i["data_type"] for i in (await self._model_config(model)).get("input", [])}
+
+    async def _route(self, request: web.Request) -> str:
+        """The upstream path and query: /infer on a decoupled model (UNARY_ROUTES) goes to its
+        unary model, if the server has it."""
+        m = INFER.match(request.path)
+        target = UNARY_ROUTES.get(m["model"]) if m else None
+        if target is None or not await self._model_inputs(target):
+            return str(request.rel_url)
+        path = request.path.replace(f"/models/{m['model']}/", f"/models/{target}/", 1)
+        return str(request.rel_url.with_path(path).with_query(request.rel_url.query))
 
     async def _check(self, request: web.Request, body: bytes) -> None:
         if not body and request.method in ("GET", "HEAD", "DELETE"):
@@ -211,7 +257,7 @@ class Edge:
         except EdgeError as e:
             return error_response(e.status, e.message, stream)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        url = f"{self.upstream}{request.rel_url}"
+        url = f"{self.upstream}{await self._route(request)}"
         try:
             async with self.session.request(request.method, url, data=body or None, headers=headers) as up:
                 out_headers = {k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP}

@@ -194,7 +194,8 @@ def supervise(cmd: list, ports: Ports, max_body_bytes: int, max_depth: int) -> i
         watcher = asyncio.create_task(watch())
         edge_task = asyncio.create_task(edge.serve(
             "127.0.0.1", ports.http, f"http://127.0.0.1:{ports.triton_http}", stop,
-            shutdown_timeout=EXIT_TIMEOUT_S + 2, max_body_bytes=max_body_bytes, max_depth=max_depth))
+            shutdown_timeout=EXIT_TIMEOUT_S + 2, max_body_bytes=max_body_bytes, max_depth=max_depth,
+            grpc_upstream=f"127.0.0.1:{ports.grpc}"))
         done, _ = await asyncio.wait({edge_task, asyncio.create_task(stop.wait())},
                                      return_when=asyncio.FIRST_COMPLETED)
         if edge_task in done and edge_task.exception() is not None:
@@ -243,7 +244,8 @@ def main(argv=None) -> int:
         print("killed Python-backend stubs a crashed server left behind", flush=True)
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port, triton_http=free_port())
     print(f"Starting Triton on 127.0.0.1 — HTTP {ports.http}, gRPC {ports.grpc}, metrics {ports.metrics}; "
-          f"model 'llm'. Try:\n  curl -s -X POST 127.0.0.1:{ports.http}/v2/models/llm/generate "
+          f"model 'llm' (also 'ensemble', 'tensorrt_llm_bls'; unary 'llm_unary'); OpenAI API at "
+          f"http://127.0.0.1:{ports.http}/v1. Try:\n  curl -s -X POST 127.0.0.1:{ports.http}/v2/models/llm/generate "
           "-d '{\"text_input\": \"The capital of France is\", \"max_tokens\": 16}'", flush=True)
     return supervise(server_command(args.model_repository, ports), ports, args.max_body_bytes, args.max_json_depth)
 

@@ -46,8 +46,20 @@ def test_wrong_types_and_ranges_name_the_field(body, words):
 
 def test_valid_bodies_pass():
     check_generate({"text_input": "hi", "max_tokens": 2**31 - 1, "random_seed": 2**64 - 1, "temperature": 0.7,
-                    "stream": True, "stop_words": ["a", "b"], "unknown": {"x": 1}}, TYPES)
+                    "stream": True, "stop_words": ["a", "b"], "id": "r1", "parameters": {"priority": 1}}, TYPES)
     check_generate({"temperature": float("nan")}, TYPES)  # the model refuses it, naming it
+    check_generate({"anything": 1}, {})  # a model the edge does not know: Triton answers
+
+
+@pytest.mark.parametrize("body,words", [
+    ({"text_input": "hi", "repetition_penalty": 1.2}, "unexpected input 'repetition_penalty'"),
+    ({"text_input": "hi", "min_length": 4}, "unexpected input 'min_length'.*max_tokens"),
+    ({"text_input": "hi", "parameters": {"max_tokens": 4}}, "parameters.max_tokens is not read"),
+])
+def test_unknown_inputs_are_refused_naming_them(body, words):
+    with pytest.raises(EdgeError, match=words) as e:
+        check_generate(body, TYPES)
+    assert e.value.status == 400
 
 
 def test_model_error_status():
@@ -55,3 +67,31 @@ def test_model_error_status():
     assert status_for_model_error(400, "internal error while accepting this request") == 500
     assert status_for_model_error(400, "max_tokens must be a positive integer") == 400
     assert status_for_model_error(404, "server overloaded") == 404
+
+
+def test_infer_on_a_decoupled_model_goes_to_the_unary_model():
+    """Triton answers 501 to /infer on a decoupled model: the edge sends it to llm_unary (if served)."""
+    import asyncio
+
+    from aiohttp.test_utils import make_mocked_request
+
+    from backend.edge import Edge
+
+    edge = Edge("http://127.0.0.1:9")
+    served = {"llm_unary": {"text_input": "TYPE_STRING"}}
+
+    async def inputs(model):
+        return served.get(model, {})
+
+    edge._model_inputs = inputs
+
+    def route(path):
+        return asyncio.run(edge._route(make_mocked_request("POST", path)))
+
+    assert route("/v2/models/llm/infer") == "/v2/models/llm_unary/infer"
+    assert route("/v2/models/ensemble/versions/1/infer?a=b") == "/v2/models/llm_unary/versions/1/infer?a=b"
+    assert route("/v2/models/tensorrt_llm_bls/infer") == "/v2/models/llm_unary/infer"
+    assert route("/v2/models/llm/generate") == "/v2/models/llm/generate"
+    assert route("/v2/models/other/infer") == "/v2/models/other/infer"
+    served.clear()  # a repository without the unary model: Triton's own answer
+    assert route("/v2/models/llm/infer") == "/v2/models/llm/infer"

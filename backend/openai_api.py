@@ -1,0 +1,445 @@
+"""An OpenAI-compatible API on the HTTP edge: /v1/chat/completions, /v1/completions, /v1/models.
+
+Mounted by backend/edge.py on the edge's port (8000); it speaks to Triton's `llm` model over
+gRPC streaming with tritonclient's asyncio client, so every OpenAI request joins the same
+continuously batched engine loop as the Triton protocols. A chat request's messages are
+rendered with the served checkpoint's own chat template (`chat_template.jinja` or
+`tokenizer_config.json`, read from the model's `checkpoint` parameter) and sent as the prompt.
+
+Supported: `messages` (system / developer / user / assistant; text content or text parts),
+`prompt` (a string, or a list of one), `max_tokens` / `max_completion_tokens`, `temperature`
+(default 1, as OpenAI), `top_p`, `seed`, `stop`, `n` (up to MAX_N: n requests in one batch,
+seeds seed, seed+1, ... when a seed is given), `stream` with `stream_options.include_usage`,
+`echo` (completions), `usage`. Anything else is refused with an OpenAI-shaped error naming it
+(`logprobs`, penalties, `tools`, ... are not served yet: refused rather than ignored, so a client
+never gets output that silently disregards a setting).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+from aiohttp import web
+
+log = logging.getLogger("specserve.openai")
+ROOT = Path(__file__).resolve().parents[1]
+MAX_N = 8
+ENGINE_MODEL = "llm"  # the Triton model every OpenAI request runs on
+OVERLOADED_PREFIX, INTERNAL_PREFIX = "server overloaded", "internal error"
+
+COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n",
+          "user", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias"}
+CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
+                        "tool_choice", "parallel_tool_calls", "metadata", "store", "service_tier"}
+COMPLETION_FIELDS = COMMON | {"prompt", "echo", "best_of", "suffix"}
+# accepted only at the value that changes nothing (OpenAI's default)
+NEUTRAL = {"logprobs": (None, False), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
+           "logit_bias": (None, {}), "top_logprobs": (None, 0), "tools": (None, []),
+           "tool_choice": (None, "none", "auto"), "parallel_tool_calls": (None, True, False),
+           "metadata": (None, {}), "store": (None, False), "service_tier": (None, "auto", "default"),
+           "best_of": (None, 1), "suffix": (None, ""), "response_format": (None, {"type": "text"})}
+ROLES = {"system", "developer", "user", "assistant"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: Optional[str] = None, code: Optional[str] = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict:
+        kind = {400: "invalid_request_error", 404: "invalid_request_error", 413: "invalid_request_error",
+                503: "server_overloaded"}.get(self.status, "server_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+def error_response(e: ApiError) -> web.Response:
+    headers = {"Retry-After": "1"} if e.status == 503 else {}
+    return web.json_response(e.body(), status=e.status, headers=headers)
+
+
+def model_error(message: str) -> ApiError:
+    """An error Triton or the model sent, with the HTTP status of its kind."""
+    message = message.split("] ", 1)[1] if message.startswith("[request id:") else message
+    if message.startswith(OVERLOADED_PREFIX):
+        return ApiError(503, message, code="server_overloaded")
+    if message.startswith(INTERNAL_PREFIX):
+        return ApiError(500, message)
+    return ApiError(400, message)
+
+
+# -- request parsing ---------------------------------------------------------------------------------
+def _number(body, name, lo, hi):
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ApiError(400, f"{name} must be a number, got {json.dumps(v)[:40]}", name)
+    if not lo <= v <= hi:
+        raise ApiError(400, f"{name} must be between {lo} and {hi}, got {v}", name)
+    return float(v)
+
+
+def _integer(body, name, lo, hi):
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ApiError(400, f"{name} must be an integer, got {json.dumps(v)[:40]}", name)
+    if not lo <= v <= hi:
+        raise ApiError(400, f"{name} must be between {lo} and {hi}, got {v}", name)
+    return v
+
+
+def parse_common(body, allowed: set) -> dict:
+    """The sampling fields both endpoints share -> {max_tokens, temperature, top_p, seed, stop, n,
+    stream, include_usage}; ApiError(400) naming the first bad or unsupported field."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    for name in body:
+        if name not in allowed:
+            raise ApiError(400, f"Unrecognized request argument supplied: {name}", name)
+    for name, neutral in NEUTRAL.items():
+        if name in body and body[name] not in neutral:
+            raise ApiError(400, f"{name} is not supported by this server (only {json.dumps(neutral[1])})", name)
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise ApiError(400, "model is required: a string (GET /v1/models lists them)", "model")
+    p = {"model": body["model"], "temperature": _number(body, "temperature", 0.0, 2.0), "top_p": _number(body, "top_p", 0.0, 1.0),
+         "seed": _integer(body, "seed", 0, 2**64 - 1 - MAX_N), "n": _integer(body, "n", 1, MAX_N) or 1}
+    p["temperature"] = 1.0 if p["temperature"] is None else p["temperature"]
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise ApiError(400, "stop must be a non-empty string or a list of them", "stop")
+    p["stop"] = stop
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise ApiError(400, "stream must be true or false", "stream")
+    p["stream"] = bool(stream)
+    opts = body.get("stream_options")
+    if opts is not None:
+        if not isinstance(opts, dict) or set(opts) - {"include_usage"} or not isinstance(opts.get("include_usage", False), bool):
+            raise ApiError(400, "stream_options may only hold include_usage (true or false)", "stream_options")
+        if not p["stream"]:
+            raise ApiError(400, "stream_options is only allowed with stream=true", "stream_options")
+    p["include_usage"] = bool((opts or {}).get("include_usage"))
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise ApiError(400, "user must be a string", "user")
+    return p
+
+
+def parse_chat(body) -> tuple:
+    """-> (params, messages as [{role, content: str}])."""
+    p = parse_common(body, CHAT_FIELDS)
+    mct = _integer(body, "max_completion_tokens", 1, 2**31 - 1)
+    p["max_tokens"] = mct if mct is not None else _integer(body, "max_tokens", 1, 2**31 - 1)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "messages must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise ApiError(400, f"{where} must be an object with a role of {', '.join(sorted(ROLES))}", where)
+        extra = set(m) - {"role", "content", "name"}
+        if extra:
+            raise ApiError(400, f"{where}.{sorted(extra)[0]} is not supported by this server", where)
+        content = m.get("content")
+        if isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise ApiError(400, f"{where}.content[{j}]: only text parts are supported", where)
+                parts.append(part["text"])
+            content = "".join(parts)
+        if not isinstance(content, str):
+            raise ApiError(400, f"{where}.content must be a string or a list of text parts", where)
+        out.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
+    return p, out
+
+
+def parse_completion(body) -> tuple:
+    """-> (params, prompt, echo)."""
+    p = parse_common(body, COMPLETION_FIELDS)
+    mt = _integer(body, "max_tokens", 1, 2**31 - 1)
+    p["max_tokens"] = 16 if mt is None else mt  # OpenAI's default for completions
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise ApiError(400, "prompt must be a non-empty string (token-id and batched prompts are not supported)",
+                       "prompt")
+    echo = body.get("echo")
+    if echo is not None and not isinstance(echo, bool):
+        raise ApiError(400, "echo must be true or false", "echo")
+    return p, prompt, bool(echo)
+
+
+class ChatTemplate:
+    """The checkpoint's chat template, rendered as transformers does (sandboxed jinja2)."""
+
+    def __init__(self, checkpoint: Path):
+        cfg_path = checkpoint / "tokenizer_config.json"
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+        source = (checkpoint / "chat_template.jinja").read_text() if (checkpoint / "chat_template.jinja").exists() \
+            else cfg.get("chat_template")
+        if not source:
+            raise ApiError(400, "this model has no chat template; use /v1/completions")
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise ApiError(400, f"the chat template refused these messages: {message}", "messages")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        env.globals["raise_exception"] = raise_exception
+        env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent)
+        self.template = env.from_string(source)
+        self.tokens = {k: cfg.get(k) if isinstance(cfg.get(k), str) else "" for k in ("bos_token", "eos_token")}
+
+    def render(self, messages: list) -> str:
+        return self.template.render(messages=messages, add_generation_prompt=True, **self.tokens)
+
+
+# -- the API ------------------------------------------------------------------------------------------
+class OpenAIApi:
+    def __init__(self, edge, grpc_url: str):
+        self.edge, self.grpc_url = edge, grpc_url  # edge: body limits and Triton's model config
+        self.client = None
+        self._template: Optional[ChatTemplate] = None
+
+    def mount(self, app: web.Application) -> None:
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        app.on_cleanup.append(self._close)
+
+    async def _close(self, app) -> None:
+        if self.client is not None:
+            await self.client.close()
+
+    def _grpc(self):
+        if self.client is None:
+            import tritonclient.grpc.aio as grpcaio
+            self.client = grpcaio.InferenceServerClient(self.grpc_url)
+        return self.client
+
+    async def _config(self) -> dict:
+        config = await self.edge._model_config(ENGINE_MODEL)
+        if not config:
+            raise ApiError(503, "the model is not ready; retry later", code="model_not_ready")
+        return config
+
+    async def _chat_template(self) -> ChatTemplate:
+        if self._template is None:
+            from .server_config import ServerConfig
+            params = {k: v["string_value"] for k, v in (await self._config()).get("parameters", {}).items()}
+            root = Path(params.pop("project_root", "") or ROOT)
+            cfg = ServerConfig.load(params)
+            self._template = ChatTemplate(cfg.resolve(cfg.checkpoint, root))
+        return self._template
+
+    async def _read(self, request: web.Request):
+        from .edge import EdgeError, parse_json
+        try:
+            return parse_json(await self.edge._read_body(request), self.edge.max_depth)
+        except EdgeError as e:
+            raise ApiError(e.status, e.message) from None
+
+    async def models(self, request: web.Request) -> web.Response:
+        try:
+            await self._config()
+        except ApiError as e:
+            return error_response(e)
+        return web.json_response({"object": "list", "data": [
+            {"id": ENGINE_MODEL, "object": "model", "created": 0, "owned_by": "specserve"}]})
+
+    def _check_model(self, name: str) -> None:
+        if name != ENGINE_MODEL:
+            raise ApiError(404, f"The model '{name}' does not exist (this server serves '{ENGINE_MODEL}')",
+                           "model", "model_not_found")
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        try:
+            p, messages = parse_chat(await self._read(request))
+            self._check_model(p["model"])
+            prompt = (await self._chat_template()).render(messages)
+        except ApiError as e:
+            return error_response(e)
+        except Exception:
+            log.exception("could not render the chat template")
+            return error_response(ApiError(500, "internal error while rendering the chat template; see the server log"))
+        return await self._run(request, p, prompt, chat=True, echo=False)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            p, prompt, echo = parse_completion(await self._read(request))
+            self._check_model(p["model"])
+        except ApiError as e:
+            return error_response(e)
+        return await self._run(request, p, prompt, chat=False, echo=echo)
+
+    # -- running requests ------------------------------------------------------------------------------
+    def _inputs(self, prompt: str, p: dict, index: int) -> list:
+        from tritonclient.grpc import InferInput
+
+        def t(name, value, dtype, np_type):
+            x = InferInput(name, [1, 1], dtype)
+            x.set_data_from_numpy(np.array([[value]], dtype=np_type))
+            return x
+        ins = [t("text_input", prompt.encode(), "BYTES", object), t("stream", True, "BOOL", bool),
+               t("temperature", p["temperature"], "FP32", np.float32)]
+        if p["max_tokens"] is not None:
+            ins.append(t("max_tokens", min(p["max_tokens"], 2**31 - 1), "INT32", np.int32))
+        if p["top_p"] is not None:
+            ins.append(t("top_p", p["top_p"], "FP32", np.float32))
+        if p["seed"] is not None:
+            ins.append(t("random_seed", p["seed"] + index, "UINT64", np.uint64))
+        if p["stop"]:
+            x = InferInput("stop_words", [1, len(p["stop"])], "BYTES")
+            x.set_data_from_numpy(np.array([[s.encode() for s in p["stop"]]], dtype=object))
+            ins.append(x)
+        return ins
+
+    async def _events(self, prompt: str, p: dict):
+        """n requests on one gRPC stream -> async iterator of (index, text, finish_reason or None,
+        num_input_tokens, num_output_tokens); ApiError on any request's error. Leaving early
+        (a client gone) cancels the stream, which cancels the requests."""
+        requests = [{"model_name": ENGINE_MODEL, "inputs": self._inputs(prompt, p, i), "request_id": str(i)}
+                    for i in range(p["n"])]
+
+        async def send():
+            for r in requests:
+                yield r
+
+        stream = self._grpc().stream_infer(send())
+        try:
+            async for result, error in stream:
+                if error is not None:
+                    raise model_error(error.message())
+                index = int(result.get_response().id)
+                out = result.as_numpy("text_output")
+                text = out.reshape(-1)[0].decode("utf-8", "replace") if out is not None else ""
+                fr = result.as_numpy("finish_reason")
+                finish = fr.reshape(-1)[0].decode() if fr is not None else None
+                nin, nout = (int(result.as_numpy(k).reshape(-1)[0]) if result.as_numpy(k) is not None else 0
+                             for k in ("num_input_tokens", "num_output_tokens"))
+                yield index, text, finish, nin, nout
+        finally:
+            stream.cancel()
+
+    async def _run(self, request, p, prompt, chat: bool, echo: bool) -> web.StreamResponse:
+        events = self._events(prompt, p)
+        try:  # closing the events cancels the requests if the client has gone
+            return await self._respond(request, events, p, prompt, chat, echo)
+        finally:
+            await events.aclose()
+
+    async def _respond(self, request, events, p, prompt, chat: bool, echo: bool) -> web.StreamResponse:
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        created, model = int(time.time()), p["model"]
+        obj = "chat.completion" if chat else "text_completion"
+        try:
+            first = await events.__anext__()
+        except ApiError as e:
+            return error_response(e)
+        except StopAsyncIteration:
+            return error_response(ApiError(500, "internal error: the model sent no response; see the server log"))
+        except Exception:
+            log.exception("OpenAI request failed")
+            return error_response(ApiError(503, "the inference server is not reachable; retry later"))
+        if p["stream"]:
+            return await self._stream(request, events, first, p, prompt, rid, created, obj, model, chat, echo)
+        texts, finish, usage_in, usage_out = [[] for _ in range(p["n"])], [None] * p["n"], 0, [0] * p["n"]
+        if echo:
+            for t in texts:
+                t.append(prompt)
+        try:
+            ev = first
+            while True:
+                i, text, fin, nin, nout = ev
+                texts[i].append(text)
+                usage_in = max(usage_in, nin)
+                usage_out[i] = max(usage_out[i], nout)
+                finish[i] = fin or finish[i]
+                try:
+                    ev = await events.__anext__()
+                except StopAsyncIteration:
+                    break
+        except ApiError as e:
+            return error_response(e)
+        except Exception:
+            log.exception("OpenAI request failed")
+            return error_response(ApiError(500, "internal error while running this request; see the server log"))
+        choices = []
+        for i in range(p["n"]):
+            text = "".join(texts[i])
+            reason = finish[i] if finish[i] in ("stop", "length") else "stop"
+            if chat:
+                choices.append({"index": i, "message": {"role": "assistant", "content": text},
+                                "logprobs": None, "finish_reason": reason})
+            else:
+                choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": reason})
+        return web.json_response({"id": rid, "object": obj, "created": created, "model": model, "choices": choices,
+                                  "usage": usage(usage_in, sum(usage_out))})
+
+    async def _stream(self, request, events, first, p, prompt, rid, created, obj, model, chat, echo):
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        obj += ".chunk" if chat else ""
+
+        async def send(payload):
+            await resp.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+
+        def chunk(i, text=None, reason=None, role=False):
+            if chat:
+                delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+                choice = {"index": i, "delta": delta, "logprobs": None, "finish_reason": reason}
+            else:
+                choice = {"index": i, "text": text or "", "logprobs": None, "finish_reason": reason}
+            return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+
+        for i in range(p["n"]):
+            if chat:
+                await send(chunk(i, role=True))
+            elif echo:
+                await send(chunk(i, prompt))
+        usage_in, usage_out = 0, [0] * p["n"]
+        ev = first
+        try:
+            while True:
+                i, text, fin, nin, nout = ev
+                usage_in, usage_out[i] = max(usage_in, nin), max(usage_out[i], nout)
+                if text:
+                    await send(chunk(i, text))
+                if fin:
+                    await send(chunk(i, reason=fin if fin in ("stop", "length") else "stop"))
+                try:
+                    ev = await events.__anext__()
+                except StopAsyncIteration:
+                    break
+        except Exception as e:  # after the 200: the error as an event, as OpenAI does
+            if not isinstance(e, ApiError):
+                log.exception("OpenAI stream failed")
+                e = ApiError(500, "internal error while running this request; see the server log")
+            await send(e.body())
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
+        if p["include_usage"]:
+            await send({"id": rid, "object": obj, "created": created, "model": model, "choices": [],
+                        "usage": usage(usage_in, sum(usage_out))})
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}

@@ -1,0 +1,136 @@
+"""The unary (non-decoupled) Triton model: one response per request, for HTTP /infer, gRPC
+ModelInfer, `client.infer()` and `perf_analyzer -i http`, which Triton refuses for the decoupled
+`llm` model.
+
+It holds no engine: each request is forwarded inside Triton to the decoupled model named by the
+`forward_to` parameter (default `llm`) with BLS (`exec(decoupled=True)`), so it joins the same
+continuously batched engine loop as every streaming request. It always asks `llm` to stream (the
+backend then holds a thread of its pool only until the first step, and a cancelled request is
+cancelled between steps) and joins the step texts into one response with the last step's
+counters and `finish_reason`: with `stream=true` that is what a streaming client accumulates;
+with `stream=false` the prompt is put in front unless `exclude_input_in_output`, exactly `llm`'s
+own non-streaming text (as in TensorRT-LLM). `llm`'s errors come back with their kind (400 /
+503 / 500 over HTTP): Triton 2.51's BLS reports every error as INTERNAL, so the kind is read from
+the message as the HTTP edge does (`server overloaded...`, `internal error...`, else the client's).
+
+execute() copies the inputs and returns at once; a thread per request waits for `llm` and sends
+the one response through the request's response sender (allowed in default mode since Triton
+24.06 / 2.47), so one instance serves any number of requests concurrently.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+log = logging.getLogger("specserve.unary")
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+TEXT = "text_output"
+OVERLOADED_PREFIX, INTERNAL_PREFIX = "server overloaded", "internal error"  # backend/edge.py's
+
+
+def error_code(code, message: str):
+    """The TritonError code for an error `llm` sent: its own code where the BLS keeps it (Triton
+    after 2.51), else from the message (backend/triton_adapter.py's kinds)."""
+    if code != pb_utils.TritonError.INTERNAL:
+        return code
+    if message.startswith(OVERLOADED_PREFIX):
+        return pb_utils.TritonError.UNAVAILABLE
+    if message.startswith(INTERNAL_PREFIX) or "not ready" in message or "unknown model" in message:
+        return pb_utils.TritonError.INTERNAL
+    return pb_utils.TritonError.INVALID_ARG
+
+
+def _flag(tensor) -> bool:
+    return tensor is not None and tensor.size > 0 and bool(tensor.reshape(-1)[0])
+
+
+def join_responses(outputs: list, prefix: bytes = b"") -> dict:
+    """One request's responses (each {name: ndarray}, in order) as one: `prefix` and the
+    text_outputs concatenated, every other output from the last response that has it."""
+    joined, texts = {}, [prefix]
+    for out in outputs:
+        for name, arr in out.items():
+            if name == TEXT:
+                texts.extend(x if isinstance(x, bytes) else str(x).encode() for x in np.asarray(arr).reshape(-1))
+            else:
+                joined[name] = arr
+    joined[TEXT] = np.array([b"".join(texts)], dtype=np.object_)
+    return joined
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        config = json.loads(args["model_config"])
+        if pb_utils.using_decoupled_model_transaction_policy(config):
+            raise pb_utils.TritonModelException("this model must not be decoupled: it answers once per request")
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.target = params.get("forward_to") or "llm"
+        self.output_names = [o["name"] for o in config["output"]]
+        self.input_names = [i["name"] for i in config["input"]]
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                values = {}
+                for name in self.input_names:
+                    t = pb_utils.get_input_tensor_by_name(request, name)
+                    if t is not None:  # copied: the request's buffers are released when execute returns
+                        values[name] = np.array(t.as_numpy(), copy=True)
+                prefix = b""
+                if not _flag(values.get("stream")) and not _flag(values.get("exclude_input_in_output")):
+                    text = values.get("text_input")  # llm refuses a missing, empty or non-UTF-8 one
+                    if text is not None and text.size == 1 and isinstance(text.reshape(-1)[0], bytes):
+                        prefix = text.reshape(-1)[0]
+                values["stream"] = np.ones_like(values["stream"]) if "stream" in values else np.array([[True]])
+                inputs = [pb_utils.Tensor(name, arr) for name, arr in values.items()]
+            except Exception:
+                log.exception("could not read a request's inputs")
+                self._error(sender, "internal error while accepting this request; see the server log", "INTERNAL")
+                continue
+            threading.Thread(target=self._forward, args=(inputs, prefix, sender), name="unary", daemon=True).start()
+        return None
+
+    def _forward(self, inputs, prefix: bytes, sender) -> None:
+        try:
+            bls = pb_utils.InferenceRequest(model_name=self.target, inputs=inputs,
+                                            requested_output_names=self.output_names)
+            responses = bls.exec(decoupled=True)
+            outputs = []
+            for resp in responses:
+                if resp.has_error():
+                    err = resp.error()
+                    code = error_code(err.code() if hasattr(err, "code") else pb_utils.TritonError.INTERNAL,
+                                      err.message())
+                    sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(err.message(), code)),
+                                flags=FINAL)
+                    return
+                tensors = resp.output_tensors()
+                if tensors:  # a final flag-only response carries none
+                    outputs.append({t.name(): np.array(t.as_numpy(), copy=True) for t in tensors})
+                if sender.is_cancelled():
+                    responses.cancel()
+                    self._error(sender, "the request was cancelled", "CANCELLED")
+                    return
+            if not outputs:
+                self._error(sender, "internal error: the model sent no response; see the server log", "INTERNAL")
+                return
+            joined = join_responses(outputs, prefix)
+            sender.send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in joined.items()]),
+                        flags=FINAL)
+        except Exception:
+            log.exception("forwarding a request to %s failed", self.target)
+            try:
+                self._error(sender, "internal error while running this request; see the server log", "INTERNAL")
+            except Exception:
+                log.exception("could not send the error response")
+
+    @staticmethod
+    def _error(sender, message: str, code: str) -> None:
+        sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
+            message, getattr(pb_utils.TritonError, code, pb_utils.TritonError.INTERNAL))), flags=FINAL)

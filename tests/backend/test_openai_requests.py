@@ -1,0 +1,71 @@
+"""The OpenAI API's request parsing and chat-template rendering (backend/openai_api.py), without a
+server: tests/integration/test_openai_api.py runs it against the real one."""
+import pytest
+
+from backend.openai_api import ApiError, ChatTemplate, model_error, parse_chat, parse_completion
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def test_defaults():
+    p, messages = parse_chat({"model": "llm", "messages": MSG})
+    assert p["temperature"] == 1.0 and p["n"] == 1 and p["max_tokens"] is None and p["stop"] == []
+    assert messages == MSG
+    p, prompt, echo = parse_completion({"model": "llm", "prompt": ["hello"]})
+    assert p["max_tokens"] == 16 and prompt == "hello" and echo is False
+
+
+def test_fields():
+    p, messages = parse_chat({"model": "llm", "max_tokens": 5, "max_completion_tokens": 7, "stop": "x", "seed": 4,
+                              "temperature": 0, "n": 2, "stream": True, "stream_options": {"include_usage": True},
+                              "logprobs": False, "presence_penalty": 0, "messages": [
+                                  {"role": "developer", "content": [{"type": "text", "text": "a"},
+                                                                    {"type": "text", "text": "b"}]}]})
+    assert (p["max_tokens"], p["stop"], p["seed"], p["temperature"], p["n"], p["include_usage"]) == (7, ["x"], 4, 0.0, 2, True)
+    assert messages == [{"role": "system", "content": "ab"}]
+
+
+@pytest.mark.parametrize("body,param,words", [
+    ({"model": "llm", "messages": MSG, "min_tokens": 3}, "min_tokens", "Unrecognized request argument supplied: min_tokens"),
+    ({"model": "llm", "messages": MSG, "logprobs": True}, "logprobs", "logprobs is not supported"),
+    ({"model": "llm", "messages": MSG, "tools": [{"type": "function"}]}, "tools", "tools is not supported"),
+    ({"model": "llm", "messages": MSG, "n": 9}, "n", "n must be between 1 and 8"),
+    ({"model": "llm", "messages": MSG, "top_p": "high"}, "top_p", "top_p must be a number"),
+    ({"model": "llm", "messages": MSG, "seed": -1}, "seed", "seed must be between 0"),
+    ({"model": "llm", "messages": MSG, "stop": ["a", ""]}, "stop", "stop must be"),
+    ({"model": "llm", "messages": MSG, "stream_options": {"include_usage": True}}, "stream_options", "only allowed with stream"),
+    ({"messages": MSG}, "model", "model is required"),
+    ({"model": "llm", "messages": []}, "messages", "non-empty list"),
+    ({"model": "llm", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0]", "only text parts"),
+    ({"model": "llm", "messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0]", "tool_calls"),
+])
+def test_chat_refusals_name_the_field(body, param, words):
+    with pytest.raises(ApiError, match=words.replace("[", r"\[")) as e:
+        parse_chat(body)
+    assert e.value.status == 400 and e.value.param == param
+
+
+def test_completion_refusals():
+    with pytest.raises(ApiError, match="prompt must be"):
+        parse_completion({"model": "llm", "prompt": [1, 2, 3]})
+    with pytest.raises(ApiError, match="Unrecognized request argument supplied: messages"):
+        parse_completion({"model": "llm", "prompt": "x", "messages": MSG})
+
+
+def test_model_errors_keep_their_kind():
+    assert model_error("[request id: 1] max_tokens must be a positive integer, got 0").status == 400
+    assert model_error("[request id: 1] max_tokens must be a positive integer, got 0").message.startswith("max_tokens")
+    assert model_error("server overloaded: 8 requests are waiting; retry later").status == 503
+    assert model_error("internal error while accepting this request; see the server log").status == 500
+
+
+def test_chat_template_renders_as_the_tokenizer_does(checkpoint, tokenizer):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Name a colour."}]
+    ours = ChatTemplate(checkpoint)
+    for conv in (messages, messages[1:2]):
+        expected = tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+        assert ours.render(conv) == expected
+        ids = tokenizer.apply_chat_template(conv, tokenize=True, add_generation_prompt=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        assert tokenizer(ours.render(conv)).input_ids == list(ids)  # what the model then tokenizes

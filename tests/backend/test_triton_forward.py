@@ -1,0 +1,190 @@
+"""The unary model's forwarding (backend/triton_forward.py) with a stand-in for Triton's
+`triton_python_backend_utils`: what it asks `llm` for and how it joins the answers.
+tests/integration/test_unary_and_names.py runs it inside the real server."""
+import importlib
+import json
+import sys
+import threading
+import time
+import types
+
+import numpy as np
+import pytest
+
+FINAL = 1
+
+
+class Tensor:
+    def __init__(self, name, array):
+        self._name, self._array = name, np.asarray(array)
+
+    def name(self):
+        return self._name
+
+    def as_numpy(self):
+        return self._array
+
+
+class TritonError:
+    INTERNAL, INVALID_ARG, UNAVAILABLE, CANCELLED = "INTERNAL", "INVALID_ARG", "UNAVAILABLE", "CANCELLED"
+
+    def __init__(self, message, code="INTERNAL"):
+        self._message, self._code = message, code
+
+    def message(self):
+        return self._message
+
+    def code(self):
+        return self._code
+
+
+class InferenceResponse:
+    def __init__(self, output_tensors=(), error=None):
+        self.tensors, self._error = list(output_tensors), error
+
+    def output_tensors(self):
+        return self.tensors
+
+    def has_error(self):
+        return self._error is not None
+
+    def error(self):
+        return self._error
+
+
+class Responses(list):
+    cancelled = False
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class Llm:
+    """The decoupled model behind: records each BLS request, answers with canned responses."""
+
+    def __init__(self, responses):
+        self.responses, self.requests = responses, []
+
+    def request(self, model_name, inputs, requested_output_names):
+        llm = self
+
+        class Req:
+            def exec(self, decoupled):
+                assert decoupled
+                llm.requests.append((model_name, {t.name(): t.as_numpy() for t in inputs}, requested_output_names))
+                llm.iterator = Responses(llm.responses)
+                return llm.iterator
+        return Req()
+
+
+class Sender:
+    def __init__(self, cancelled=False):
+        self.sent, self._cancelled, self.done = [], cancelled, threading.Event()
+
+    def send(self, response, flags=0):
+        self.sent.append((response, flags))
+        self.done.set()
+
+    def is_cancelled(self):
+        return self._cancelled
+
+
+class Request:
+    def __init__(self, values, sender):
+        self.values, self.sender = values, sender
+
+    def get_response_sender(self):
+        return self.sender
+
+
+CONFIG = {"input": [{"name": n} for n in ("text_input", "max_tokens", "stream", "exclude_input_in_output")],
+          "output": [{"name": n} for n in ("text_output", "num_output_tokens", "finish_reason")],
+          "parameters": {"forward_to": {"string_value": "llm"}}}
+
+
+@pytest.fixture
+def forward(monkeypatch):
+    pb = types.ModuleType("triton_python_backend_utils")
+    pb.Tensor, pb.TritonError, pb.InferenceResponse = Tensor, TritonError, InferenceResponse
+    pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL = FINAL
+    pb.TritonModelException = RuntimeError
+    pb.using_decoupled_model_transaction_policy = lambda cfg: cfg.get("model_transaction_policy", {}).get("decoupled", False)
+    pb.get_input_tensor_by_name = lambda req, name: Tensor(name, req.values[name]) if name in req.values else None
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
+    module = importlib.import_module("backend.triton_forward")
+    module = importlib.reload(module)  # bound to this stand-in
+
+    def run(values, responses, cancelled=False):
+        llm = Llm(responses)
+        pb.InferenceRequest = llm.request
+        model = module.TritonPythonModel()
+        model.initialize({"model_config": json.dumps(CONFIG)})
+        sender = Sender(cancelled)
+        assert model.execute([Request(values, sender)]) is None  # answers from its own thread
+        assert sender.done.wait(10)
+        time.sleep(0.05)  # nothing more is sent
+        (response, flags), = sender.sent
+        assert flags == FINAL
+        return llm, response
+    yield run
+    sys.modules.pop("backend.triton_forward", None)
+
+
+
+def step(text, n, reason=None):
+    out = [Tensor("text_output", np.array([text.encode()], dtype=object)),
+           Tensor("num_output_tokens", np.array([n], dtype=np.int32))]
+    if reason:
+        out.append(Tensor("finish_reason", np.array([reason.encode()], dtype=object)))
+    return InferenceResponse(out)
+
+
+STEPS = [step(" Paris", 1), step(", the", 3), step(" city", 4, "length"), InferenceResponse([])]
+
+
+def outputs(response):
+    return {t.name(): t.as_numpy() for t in response.output_tensors()}
+
+
+def prompt(text="The capital of France is", **extra):
+    values = {"text_input": np.array([[text.encode()]], dtype=object), "max_tokens": np.array([[4]], dtype=np.int32)}
+    values.update({k: np.array([[v]]) for k, v in extra.items()})
+    return values
+
+
+def test_non_streaming_request_is_llm_streaming_joined_behind_the_prompt(forward):
+    llm, response = forward(prompt(), STEPS)
+    (model, sent, wanted), = llm.requests
+    assert model == "llm" and wanted == ["text_output", "num_output_tokens", "finish_reason"]
+    assert sent["stream"].tolist() == [[True]] and sent["max_tokens"].tolist() == [[4]]
+    out = outputs(response)
+    assert out["text_output"].tolist() == [b"The capital of France is Paris, the city"]
+    assert out["num_output_tokens"].tolist() == [4] and out["finish_reason"].tolist() == [b"length"]
+
+
+@pytest.mark.parametrize("extra", [{"stream": True}, {"exclude_input_in_output": True}])
+def test_streaming_or_excluded_request_has_no_prompt(forward, extra):
+    llm, response = forward(prompt(**extra), STEPS)
+    assert outputs(response)["text_output"].tolist() == [b" Paris, the city"]
+    assert llm.requests[0][1]["stream"].tolist() == [[True]]
+
+
+def test_llm_error_keeps_its_message_and_code(forward):
+    _, response = forward(prompt(), [InferenceResponse(error=TritonError("max_tokens must be a positive integer",
+                                                                         "INVALID_ARG"))])
+    assert response.has_error() and response.error().code() == "INVALID_ARG"
+    assert response.error().message() == "max_tokens must be a positive integer"
+
+
+@pytest.mark.parametrize("message,code", [("server overloaded: 32 requests are waiting; retry later", "UNAVAILABLE"),
+                                          ("internal error while accepting this request", "INTERNAL"),
+                                          ("top_p must be in (0, 1], got 0.0", "INVALID_ARG")])
+def test_error_kind_from_the_message_when_bls_loses_the_code(forward, message, code):
+    """Triton 2.51's BLS reports every error of the called model as INTERNAL."""
+    _, response = forward(prompt(), [InferenceResponse(error=TritonError(message, "INTERNAL"))])
+    assert response.error().code() == code and response.error().message() == message
+
+
+def test_cancelled_request_cancels_llm(forward):
+    llm, response = forward(prompt(), STEPS, cancelled=True)
+    assert llm.iterator.cancelled and response.error().code() == "CANCELLED"

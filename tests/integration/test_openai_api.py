@@ -1,0 +1,150 @@
+"""The OpenAI-compatible API (backend/openai_api.py on the HTTP edge) against the real server,
+with the official `openai` client and genai-perf's chat endpoint type."""
+import json
+import os
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+QUESTION = "What is the capital of France? Answer in one sentence."
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"http://{server.http}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def generate(server, payload):
+    req = urllib.request.Request(f"http://{server.http}/v2/models/llm/generate", data=json.dumps(payload).encode(),
+                                 method="POST")
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture(scope="module")
+def chat_reference(server):
+    """llm's own greedy answer with its chat template (tokenizer.apply_chat_template in the model)."""
+    return generate(server, {"text_input": QUESTION, "max_tokens": 24, "apply_chat_template": True,
+                             "exclude_input_in_output": True})
+
+
+def test_models(client):
+    assert [m.id for m in client.models.list().data] == ["llm"]
+
+
+def test_chat_completion_is_the_engine_with_its_chat_template(client, chat_reference):
+    r = client.chat.completions.create(model="llm", messages=[{"role": "user", "content": QUESTION}],
+                                       temperature=0, max_tokens=24)
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-") and r.model == "llm"
+    (choice,) = r.choices
+    assert choice.message.role == "assistant"
+    assert choice.message.content == chat_reference["text_output"] and choice.message.content
+    assert choice.finish_reason == ("length" if chat_reference["finish_reason"] == "length" else "stop")
+    assert r.usage.prompt_tokens == chat_reference["num_input_tokens"]
+    assert r.usage.completion_tokens == chat_reference["num_output_tokens"]
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_chat_streaming_with_usage(client, chat_reference):
+    stream = client.chat.completions.create(model="llm", messages=[{"role": "user", "content": QUESTION}],
+                                            temperature=0, max_completion_tokens=24, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(texts) > 1 and "".join(texts) == chat_reference["text_output"]
+    finished = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finished in (["length"], ["stop"])
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == chat_reference["num_output_tokens"]
+
+
+def test_conversation_with_system_and_history(client):
+    messages = [{"role": "system", "content": "You answer with one word."},
+                {"role": "user", "content": "Name a colour."},
+                {"role": "assistant", "content": "Blue."},
+                {"role": "user", "content": [{"type": "text", "text": "Name another one."}]}]
+    r = client.chat.completions.create(model="llm", messages=messages, temperature=0, max_tokens=8)
+    short = client.chat.completions.create(model="llm", messages=[messages[0], messages[-1]], temperature=0,
+                                           max_tokens=8)
+    assert r.choices[0].message.content
+    # the earlier turns were sent: "<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\nBlue.<|im_end|>\n"
+    assert r.usage.prompt_tokens >= short.usage.prompt_tokens + 10
+
+
+def test_completion(client, server):
+    ref = generate(server, {"text_input": "The capital of France is", "max_tokens": 8, "exclude_input_in_output": True})
+    r = client.completions.create(model="llm", prompt="The capital of France is", max_tokens=8, temperature=0)
+    assert r.object == "text_completion" and r.choices[0].text == ref["text_output"]
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 8
+    echoed = client.completions.create(model="llm", prompt="The capital of France is", max_tokens=8, temperature=0,
+                                       echo=True)
+    assert echoed.choices[0].text == "The capital of France is" + ref["text_output"]
+    streamed = client.completions.create(model="llm", prompt="The capital of France is", max_tokens=8,
+                                         temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == ref["text_output"]
+
+
+def test_stop(client):
+    r = client.completions.create(model="llm", prompt="1, 2, 3, 4, 5,", max_tokens=40, temperature=0, stop=["9"])
+    assert "8" in r.choices[0].text and "9" not in r.choices[0].text and r.choices[0].finish_reason == "stop"
+
+
+def test_seed_and_n(client):
+    kw = dict(model="llm", messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=12,
+              temperature=0.9, top_p=0.95, seed=3, n=2)
+    a = client.chat.completions.create(**kw)
+    b = client.chat.completions.create(**kw)
+    texts = [c.message.content for c in sorted(a.choices, key=lambda c: c.index)]
+    assert [c.index for c in sorted(a.choices, key=lambda c: c.index)] == [0, 1]
+    assert texts == [c.message.content for c in sorted(b.choices, key=lambda c: c.index)]  # the seed holds
+    assert texts[0] != texts[1]  # each choice has its own seed (3, 4)
+    assert a.usage.completion_tokens == sum(
+        client.chat.completions.create(**dict(kw, n=1, seed=s)).usage.completion_tokens for s in (3, 4))
+
+
+@pytest.mark.parametrize("kwargs,status,param,words", [
+    (dict(extra_body={"repetition_penalty": 1.1}), 400, "repetition_penalty", "Unrecognized request argument"),
+    (dict(logprobs=True), 400, "logprobs", "logprobs is not supported"),
+    (dict(frequency_penalty=0.5), 400, "frequency_penalty", "frequency_penalty is not supported"),
+    (dict(temperature=3), 400, "temperature", "temperature must be between 0"),
+    (dict(max_tokens=100000), 400, None, "max_tokens 100000 exceeds"),
+    (dict(model="gpt-4"), 404, "model", "The model 'gpt-4' does not exist"),
+    (dict(messages=[{"role": "wizard", "content": "hi"}]), 400, "messages[0]", "role"),
+])
+def test_errors_are_openai_shaped(client, kwargs, status, param, words):
+    args = dict(model="llm", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    args.update(kwargs)
+    with pytest.raises(openai.APIStatusError) as e:
+        client.chat.completions.create(**args)
+    assert e.value.status_code == status
+    err = e.value.response.json()["error"]
+    assert words in err["message"] and err["param"] == param and err["type"]
+
+
+def test_stream_closed_by_the_client_cancels_the_request(client, server):
+    server.wait_metric('specserve_sequences{state="running"}', lambda v: v == 0)
+    before = server.metrics().get("specserve_requests_cancelled_total", 0)
+    stream = client.chat.completions.create(model="llm", max_tokens=250, stream=True, messages=[
+        {"role": "user", "content": "Write a very long essay about the history of mathematics."}])
+    for _, chunk in zip(range(4), stream):  # it is generating
+        pass
+    stream.close()
+    server.wait_metric("specserve_requests_cancelled_total", lambda v: v >= before + 1)
+    server.wait_metric('specserve_sequences{state="running"}', lambda v: v == 0)
+
+
+def test_genai_perf_chat_endpoint(server, tmp_path, checkpoint):
+    tool = ROOT / ".cache" / "loadtools" / "bin" / "genai-perf"
+    assert tool.exists(), f"{tool} missing: scripts/setup.sh installs it (scripts/setup_loadtools.sh)"
+    out = subprocess.run(
+        [str(tool), "profile", "-m", "llm", "--endpoint-type", "chat", "-u", server.http, "--streaming",
+         "--tokenizer", str(checkpoint), "--concurrency", "2", "--request-count", "4",
+         "--synthetic-input-tokens-mean", "32", "--output-tokens-mean", "12", "--artifact-dir", str(tmp_path / "a")],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=dict(os.environ, COLUMNS="200"))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "Output Token Throughput" in out.stdout and "Time To First Token" in out.stdout
