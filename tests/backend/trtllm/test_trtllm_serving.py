@@ -140,5 +140,5 @@ def test_the_engine_setting_selects_the_trtllm_service(monkeypatch, checkpoint):
     monkeypatch.setattr(TrtllmService, "from_config", classmethod(lambda cls, cfg, root: built.append(cfg) or "svc"))
     assert build_service(ServerConfig.load({"engine": "trtllm", "checkpoint": str(checkpoint)}, env={}), ROOT) == "svc"
     assert built and built[0].engine == "trtllm"
-    with pytest.raises(ValueError, match="engine must be torch or trtllm"):
+    with pytest.raises(ValueError, match="engine must be one of llama.cpp, torch, trtllm"):
         ServerConfig.load({"engine": "vllm"}, env={})
