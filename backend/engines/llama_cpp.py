@@ -83,11 +83,10 @@ def _backend_init() -> None:
             m = _KV_SIZE_RE.search(line)
             if m:
                 _kv_reports.append(float(m.group(1)))
-            if level >= 4 or not line:  # GGML_LOG_LEVEL_ERROR is 4... DEBUG/CONT are 1/5
-                if level == 4:
-                    log.error("llama.cpp: %s", line)
-                return
-            log.debug("llama.cpp: %s", line)
+            if level == 4:  # GGML_LOG_LEVEL_ERROR; DEBUG, INFO, WARN (1-3) and continuations (5) are chatter
+                log.error("llama.cpp: %s", line)
+            elif line:
+                log.debug("llama.cpp: %s", line)
 
         ll.llama_log_set(_log_cb, ctypes.c_void_p(0))
         ll.llama_backend_init()
