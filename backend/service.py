@@ -46,12 +46,12 @@ def load_policy(cfg: ServerConfig, root: Path) -> Policy:
 def engine_name(cfg: ServerConfig, root: Path) -> str:
     """The name (Engine.name) of the engine the config serves, without building it."""
     if cfg.engine == "llama.cpp":
-        gguf = cfg.resolve(cfg.gguf, root) if cfg.gguf else None
-        if gguf is None:
-            manifest = cfg.resolve(cfg.checkpoint, root) / "manifest.json"
-            entry = json.loads(manifest.read_text()).get("gguf") if manifest.exists() else None
+        if not cfg.gguf:
+            from .engines.llama_cpp import gguf_entry
+            entry = gguf_entry(cfg.resolve(cfg.checkpoint, root))
             return f"llama.cpp/{entry['type'] if entry else 'unknown'}"
-        return f"llama.cpp/{gguf.stem.rsplit('.', 1)[-1].rsplit('-', 1)[-1].upper()}"
+        # a GGUF named by path: its type from the file name (model-Q8_0.gguf, X.Q4_1.gguf)
+        return f"llama.cpp/{cfg.resolve(cfg.gguf, root).stem.rsplit('.', 1)[-1].rsplit('-', 1)[-1].upper()}"
     if cfg.engine == "trtllm":
         return "trtllm"
     return "torch/bf16-variant" if cfg.dtype == "bf16" and not cfg.batch_invariant else f"torch/{cfg.dtype}"

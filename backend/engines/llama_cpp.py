@@ -47,10 +47,15 @@ KV_BYTES = {"q8_0": 34 / 32, "bf16": 2.0, "f16": 2.0}  # bytes per cached value 
 PAD_RAGGED_MAX = 16  # pad steps whose longest sequence has at most this many tokens (verification), not prefill
 
 
+def gguf_entry(checkpoint: Path) -> Optional[dict]:
+    """The checkpoint manifest's `gguf` entry (file, type, source, sha256), or None."""
+    manifest = checkpoint / "manifest.json"
+    return json.loads(manifest.read_text()).get("gguf") if manifest.exists() else None
+
+
 def served_gguf(checkpoint: Path) -> Path:
     """The GGUF the checkpoint's manifest names (FileNotFoundError with the fix if none)."""
-    manifest = checkpoint / "manifest.json"
-    entry = json.loads(manifest.read_text()).get("gguf") if manifest.exists() else None
+    entry = gguf_entry(checkpoint)
     if not entry or not (checkpoint / entry["file"]).exists():
         raise FileNotFoundError(f"no GGUF prepared in {checkpoint}: run the set-up (scripts/setup.sh) or "
                                 f"python -m build_engines.prepare_gguf --checkpoint {checkpoint}")
