@@ -49,15 +49,21 @@ class AcceptanceEstimator:
         return a_glob if s is None else shrunk_rate(s[0], s[1], a_glob, self.shrink)
 
     def observe(self, seq_id: int, drafter: str, successes: float, trials: float) -> None:
-        g = self.glob[drafter]
-        g[0], g[1] = g[0] * self.global_discount + successes, g[1] * self.global_discount + trials
+        self.observe_step(seq_id, ((drafter, successes, trials),))
+
+    def observe_step(self, seq_id: int, evidence) -> None:
+        """One step's evidence of a sequence, [(drafter, successes, trials)]: its own
+        evidence ages once, however many drafters the step tells about."""
         per = self.seq.setdefault(seq_id, {})
         for st in per.values():  # the sequence moved on: its evidence of every drafter ages
             st[0] *= self.seq_discount
             st[1] *= self.seq_discount
-        st = per.setdefault(drafter, [0.0, 0.0])
-        st[0] += successes
-        st[1] += trials
+        for drafter, successes, trials in evidence:
+            g = self.glob[drafter]
+            g[0], g[1] = g[0] * self.global_discount + successes, g[1] * self.global_discount + trials
+            st = per.setdefault(drafter, [0.0, 0.0])
+            st[0] += successes
+            st[1] += trials
 
     def forget(self, seq_id: int) -> None:
         self.seq.pop(seq_id, None)

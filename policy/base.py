@@ -52,6 +52,13 @@ class Policy(abc.ABC):
         maps seq_id -> q of its drafted tokens. Default: verify all of them."""
         return {seq_id: len(q) for seq_id, q in drafts.items()}
 
+    def lookahead(self) -> Mapping[str, int]:
+        """Model-free drafters to ask before deciding, with the most tokens to ask for: the
+        speculator shows each sequence's ready draft length (`SequenceView.available`) and
+        checks the drafts not played against the committed tokens (`SequenceOutcome.shadow`).
+        Default: none."""
+        return {}
+
     def on_request_start(self, seq_id: int) -> None:
         """A new sequence joined (MetaSD re-initialises per request)."""
 

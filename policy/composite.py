@@ -46,6 +46,9 @@ class CompositeConfig:
     tau_low_frac: float = 0.1
     t_persist: int = 8
     dynamic_depth: bool = True  # B=1 with a model drafter: plan gamma_max, stop on confidences
+    # ask the model-free drafters before deciding: plan only where a draft is ready, and learn
+    # their acceptance from the drafts not played too (`Policy.lookahead`)
+    lookahead: bool = True
 
     def check(self, policy: str) -> None:
         require(len(self.drafters) >= 1, policy, "drafters must be a non-empty list")
@@ -127,6 +130,9 @@ class Composite(Policy):
     def alpha(self, seq_id: int, drafter: str) -> float:
         return self.acceptance.alpha(seq_id, drafter)
 
+    def lookahead(self) -> Dict[str, int]:
+        return {d: self.cfg.gamma_max for d in self.cfg.drafters} if self.cfg.lookahead else {}
+
     # -- decision ---------------------------------------------------------------
     def decide(self, ctx: StepContext) -> Decision:
         c, b = self.cfg, ctx.batch_size
@@ -158,15 +164,44 @@ class Composite(Policy):
         step = _Batch(ctx, bucket, sum([v.context_len for v in ctx.sequences]) / b,
                       optimism_bonus(counts[:self.cfg.gamma_max + 1], sum(counts) + 1, self.cfg.optimism), is_model, {})
         free = [d for d in usable if not is_model[d]]
-        picks = self._picks(ctx, usable)
-        if not free or not any(is_model[d] for d in set(picks.drafters)):
+        picks = self._ready(ctx, self._picks(ctx, usable), usable, is_model)
+        if not free or not any(is_model[d] for d in set(picks.drafters) if d is not None):
             best = self._plan(step, picks, explore_model=False)
         else:
             best = self._plan(step, picks, explore_model=True)
-            alt = self._plan(step, self._model_free(ctx, picks, free), explore_model=False)
+            alt = self._plan(step, self._ready(ctx, self._model_free(ctx, picks, free), free, is_model),
+                             explore_model=False)
             if alt.plan.index > best.plan.index:
                 best = alt
         return self._play(step, best)
+
+    def _ready(self, ctx: StepContext, picks: Picks, usable: List[str], is_model: Dict[str, bool]) -> Picks:
+        """With lookahead, a sequence whose pick has no draft ready picks again among the
+        drafters that have one (or a model drafter); a sequence with none gets no drafter
+        (None) and decodes plainly."""
+        seqs = ctx.sequences
+        if all(v.available is None for v in seqs):
+            return picks
+
+        def ready(v, d: str) -> bool:
+            n = v.available.get(d) if v.available is not None else None
+            return is_model[d] or n is None or n > 0
+
+        if all(ready(v, d) for v, d in zip(seqs, picks.drafters)):
+            return picks
+        c, acc = self.cfg, self.acceptance
+        drafters, alphas, optimistic = list(picks.drafters), list(picks.alphas), list(picks.optimistic)
+        for i, v in enumerate(seqs):
+            if ready(v, drafters[i]):
+                continue
+            alts = [d for d in usable if ready(v, d)]
+            if not alts:
+                drafters[i] = None
+                continue
+            drafters[i], alphas[i], optimistic[i] = pick_drafter(
+                acc.seq.get(v.seq_id), alts, {d: acc.global_alpha(d) for d in alts}, v.last_drafter, c.shrink,
+                c.explore, c.switch_margin)
+        return Picks(drafters, alphas, optimistic)
 
     def _picks(self, ctx: StepContext, usable: List[str], keep: Optional[Picks] = None) -> Picks:
         """Per sequence, `acceptance.pick_drafter` among `usable`; with `keep`, a sequence whose
@@ -208,7 +243,12 @@ class Composite(Policy):
         ctx, c, times, is_model = step.ctx, self.cfg, self.times, step.is_model
         b, bucket, ctx_len, seqs = ctx.batch_size, step.bucket, step.ctx_len, ctx.sequences
         names = set(picks.drafters)
-        model = [is_model[next(iter(names))]] * b if len(names) == 1 else [is_model[d] for d in picks.drafters]
+        cand = None  # positions that can draft (lookahead): all when None
+        if None in names:
+            cand = [i for i, d in enumerate(picks.drafters) if d is not None]
+            names.discard(None)
+        model = ([is_model[next(iter(names))]] * b if len(names) == 1 and cand is None else
+                 [d is not None and is_model[d] for d in picks.drafters])
         n_model = sum(model)
         # the model drafter catches every sequence it drafts for up first: C_switch(L_max, B),
         # spread over the steps it then serves
@@ -219,9 +259,14 @@ class Composite(Policy):
         def step_time(n_tokens: int, gamma: int, n_m: int) -> float:
             return times.step_time(bucket, ctx_len, n_tokens, gamma, n_m)
 
-        row = self._row(step, b, n_model)
-        plan = plan_step(picks.alphas, model, row, step_time, step.bonus, ctx.tpot_slo_s, amortised,
-                         dynamic_depth=c.dynamic_depth)
+        if cand is None:
+            plan = plan_step(picks.alphas, model, self._row(step, b, n_model), step_time, step.bonus,
+                             ctx.tpot_slo_s, amortised, dynamic_depth=c.dynamic_depth)
+        else:
+            plan = plan_step([picks.alphas[i] for i in cand], [model[i] for i in cand],
+                             self._row(step, len(cand), n_model), step_time, step.bonus, ctx.tpot_slo_s, amortised,
+                             dynamic_depth=c.dynamic_depth, batch=b)
+            plan = plan._replace(keep=frozenset(cand[j] for j in plan.keep))
         if explore_model and plan.n_model:
             kept = [min(o, 0.99) if m else a
                     for i, (a, o, m) in enumerate(zip(picks.alphas, picks.optimistic, model)) if i in plan.keep]
@@ -282,18 +327,23 @@ class Composite(Policy):
             self.model_drafters.update((d.name, d.is_model) for d in ctx.drafters)
         is_model = self.model_drafters
         acc = self.acceptance
+        looked = {v.seq_id for v in ctx.sequences if v.available is not None} if ctx is not None else ()
         for s in outcome.sequences:
-            if not acc.knows(s.drafter):
-                continue
-            d, g = _planned(s)
-            # A model-free drafter proposes fewer tokens, or none, when it has no continuation:
-            # those count as a failed trial, or alpha (and with it the value of speculating)
-            # would be that of the sequences that happened to match. A model drafter's short
-            # draft is its own confidence stop (continue_drafting), not a failure.
-            planned = g if d is not None and g > 0 and not is_model.get(d, False) else s.gamma
-            succ, trials = acceptance_trials(s, planned)
-            if trials:
-                acc.observe(s.seq_id, s.drafter, succ, trials)
+            evidence = [e for e in s.shadow if acc.knows(e[0])]
+            if acc.knows(s.drafter):
+                d, g = _planned(s)
+                # Without lookahead a model-free drafter proposes fewer tokens, or none, when it
+                # has no continuation: those count as a failed trial, or alpha (and with it the
+                # value of speculating) would be that of the sequences that happened to match.
+                # With lookahead the plan only drafts where a draft is ready, so alpha is the
+                # rate given a draft. A model drafter's short draft is its own confidence stop
+                # (continue_drafting), not a failure.
+                free_cut = d is not None and g > 0 and not is_model.get(d, False) and s.seq_id not in looked
+                succ, trials = acceptance_trials(s, g if free_cut else s.gamma)
+                if trials:
+                    evidence.append((s.drafter, succ, trials))
+            if evidence:
+                acc.observe_step(s.seq_id, evidence)
         self._learn_time(outcome, is_model)
 
     def _learn_time(self, outcome: StepOutcome, is_model: Dict[str, bool]) -> None:

@@ -10,7 +10,7 @@ draft token has no mass in the recovered distribution max(0, p - q)), so the
 accepted count is the length of the common prefix, and the committed count is
 the accepted drafts plus the recovered or bonus token.
 
-    drafter = IterationDrafter(Speculator(policy, drafters), max_draft_len=8)
+    drafter = IterationDrafter(Speculator(policy, drafters, lookahead=True), max_draft_len=8)
     each iteration:  drafts = drafter.step(requests, kv_free_blocks=..., kv_total_blocks=...)
 """
 from __future__ import annotations

@@ -50,12 +50,15 @@ def optimism_bonus(counts: Sequence[int], total: int, optimism: float) -> List[f
 
 
 def plan_step(alphas: Sequence[float], model: Sequence[bool], times: Sequence[float], step_time: StepTimeFn,
-              bonus: Sequence[float], slo: Optional[float], amortised: float, dynamic_depth: bool = False) -> Plan:
+              bonus: Sequence[float], slo: Optional[float], amortised: float, dynamic_depth: bool = False,
+              batch: Optional[int] = None) -> Plan:
     """The plan for a batch whose drafters are already picked.
 
-    alphas / model: per sequence, the acceptance rate of its drafter and whether that is a
-    model drafter; times[g]: predicted step time with every sequence drafting g tokens
-    (times[0]: plain decoding); step_time: the same for other shapes (elimination);
+    alphas / model: per sequence that can draft, the acceptance rate of its drafter and
+    whether that is a model drafter; batch: the batch size (default len(alphas); the
+    others decode plainly); times[g]: predicted step time with every sequence that can
+    draft drafting g tokens (times[0]: plain decoding); step_time: the same for other
+    shapes (elimination);
     bonus[g]: optimism for gamma g (`optimism_bonus`); slo: the TPOT target (seconds per
     step, which emits at least one token per sequence), None for none; amortised: the
     model drafter's catch-up time, spread over the steps it serves.
@@ -77,13 +80,19 @@ def plan_step(alphas: Sequence[float], model: Sequence[bool], times: Sequence[fl
     (0, frozenset())
     >>> plan_step([0.8], [True], times, t, [0.0] * 5, slo=0.05, amortised=0.0)[:2]   # only g = 1 fits
     (1, frozenset({0}))
+    >>> p = plan_step([0.8], [False], [t(3 + g, 0, 0) for g in range(5)], t, [0.0] * 5, None, 0.0, batch=3)
+    >>> p.gamma, p.keep, p.n_tokens, round(p.expected, 3)   # one of three can draft
+    (4, frozenset({0}), 7, 5.362)
     """
-    b, gamma_max = len(alphas), len(times) - 1
+    k, gamma_max = len(alphas), len(times) - 1
+    b = k if batch is None else batch
     t0 = times[0]
     best_g, best_val, t_full, e_tot = 0, b / t0 * (1.0 + bonus[0]), t0, float(b)
     if slo is not None and t0 > slo:
         best_val = -1.0
-    e_sum = expected_sums(alphas, gamma_max)
+    if not k:
+        return Plan(0, frozenset(), float(b), b, 0, b / t0)
+    e_sum = [e + (b - k) for e in expected_sums(alphas, gamma_max)]
     for g in range(1, gamma_max + 1):
         t = times[g] + amortised
         if slo is not None and t > slo:
@@ -94,9 +103,9 @@ def plan_step(alphas: Sequence[float], model: Sequence[bool], times: Sequence[fl
     g = best_g
     if g == 0 or best_val < 0:  # nothing beats plain decoding, or nothing meets the SLO
         return Plan(0, frozenset(), float(b), b, 0, b / t0)
-    keep = set(range(b))
-    n_model, n_tok = sum(model), b * (g + 1)
-    for i in sorted(range(b), key=alphas.__getitem__):  # lowest alpha first
+    keep = set(range(k))
+    n_model, n_tok = sum(model), b + k * g
+    for i in sorted(range(k), key=alphas.__getitem__):  # lowest alpha first
         a, m = alphas[i], model[i]
         e_new = e_tot - (expected_tokens(a, g) - 1.0)
         n_m = n_model - m
@@ -108,7 +117,7 @@ def plan_step(alphas: Sequence[float], model: Sequence[bool], times: Sequence[fl
         if not keep:
             break
     index = e_tot / t_full
-    if dynamic_depth and b == 1 and n_model:
+    if dynamic_depth and b == 1 and k == 1 and n_model:
         t_max = step_time(1 + gamma_max, gamma_max, 1) + amortised
         if slo is None or t_max <= slo:
             g, e_tot, n_tok = gamma_max, expected_tokens(alphas[0], gamma_max), 1 + gamma_max

@@ -119,7 +119,8 @@ def reproduce(policy: Policy, trace: List[StepOutcome], limit: int = 20) -> Repl
                              rec[a.seq_id].kl, rec[a.seq_id].tv) for a in proposal.batch]
         replayed = spec.commit(proposal, verdicts, [()] * len(proposal.batch), verify_time_s=o.verify_time_s,
                                accept_time_s=o.accept_time_s, io_time_s=o.io_time_s, total_time_s=o.total_time_s,
-                               draft_time_s=o.draft_time_s)
+                               draft_time_s=o.draft_time_s,
+                               shadows=[rec[a.seq_id].shadow for a in proposal.batch])
         for r in replayed.sequences:
             s = rec[r.seq_id]
             if (r.n_drafted, r.gamma) != (s.n_drafted, s.gamma):

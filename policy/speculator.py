@@ -19,6 +19,13 @@ Drivers: the engine loop (backend/engine_loop.py, torch engine), the simulator
 first shows them and of sequences leaving after the step that last saw them,
 so a trace of `StepOutcome`s replays a policy's decisions exactly.
 
+Lookahead (drivers whose committed tokens are real: `lookahead=True`): before the
+decision, the model-free drafters the policy names (`Policy.lookahead`) propose for
+every sequence; the policy sees how many tokens each has ready, a played arm uses
+the ready draft, and the drafts not played are checked against the tokens the step
+commits (`SequenceOutcome.shadow`), so the policy learns their acceptance without
+paying to verify them.
+
 Pure Python: drafts carry the drafters' tensors (q) opaquely.
 """
 from __future__ import annotations
@@ -122,6 +129,7 @@ class Proposal:
     joined: tuple
     started_s: float
     draft_time_s: float
+    shadows: List[Dict[str, list]] = field(default_factory=list)  # per batch sequence: ready drafts not played
 
     def inputs(self) -> List[Sequence[int]]:
         """Per batch sequence: the draft tokens to verify."""
@@ -141,8 +149,10 @@ class Speculator:
     def __init__(self, policy: Policy, drafters: Mapping[str, DrafterLike], *,
                  clock: Clock = time.perf_counter,
                  drafter_blocks: Optional[Callable[[str], int]] = None,
-                 on_outcome: Optional[Callable[[StepOutcome], None]] = None):
+                 on_outcome: Optional[Callable[[StepOutcome], None]] = None, lookahead: bool = False):
         self.policy, self.drafters, self.clock, self.on_outcome = policy, dict(drafters), clock, on_outcome
+        self.lookahead = lookahead
+        self._ready: Dict[int, Dict[str, Draft]] = {}  # this step's lookahead: seq_id -> drafter -> draft
         self.model_drafters = {n: d for n, d in self.drafters.items() if d.is_model}
         self.drafter_blocks = drafter_blocks or _no_blocks  # a named function: the component pickles
         self.last_drafter: Dict[int, str] = {}  # seq_id -> the drafter that last drafted for it
@@ -181,16 +191,37 @@ class Speculator:
     def context(self, step: int, sequences: Sequence[Active], *, queue_len: int = 0, kv_free_blocks: int = 0,
                 kv_total_blocks: int = 0, tpot_slo_s: Optional[float] = None) -> StepContext:
         lag = {n: d for n, d in self.model_drafters.items() if hasattr(d, "lag")}
+        available = self._look_ahead(sequences) if self.lookahead else {}
         views = [SequenceView(seq_id=s.seq_id, context_len=s.context_len, generated=s.generated,
                               max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                               last_drafter=self.last_drafter.get(s.seq_id),
-                              uncaught_tokens={n: d.lag(s.seq_id, s.tokens) for n, d in lag.items()})
+                              uncaught_tokens={n: d.lag(s.seq_id, s.tokens) for n, d in lag.items()},
+                              available=available.get(s.seq_id))
                  for s in sequences]
         infos = [DrafterInfo(name=n, is_model=d.is_model, resident=d.resident,
                              size_blocks=self.drafter_blocks(n) if d.is_model else 0)
                  for n, d in self.drafters.items()]
         return StepContext(step=step, sequences=views, drafters=infos, queue_len=queue_len,
                            kv_free_blocks=kv_free_blocks, kv_total_blocks=kv_total_blocks, tpot_slo_s=tpot_slo_s)
+
+    def _look_ahead(self, sequences: Sequence[Active]) -> Dict[int, Dict[str, int]]:
+        """This step's ready drafts (kept for `propose`); per sequence, their lengths."""
+        self._ready = {}
+        for name, gamma in self.policy.lookahead().items():
+            d = self.drafters.get(name)
+            if d is None or d.is_model or not d.resident or gamma <= 0:
+                continue
+            todo = [s for s in sequences if s.room > 0]
+            try:
+                out = d.propose_batch([DraftRequest(s.seq_id, s.tokens, min(gamma, s.room), s.temperature,
+                                                    s.generator) for s in todo])
+            except Exception:
+                self.drafter_errors += 1
+                log.exception("drafter %s failed looking ahead", name)
+                continue
+            for s, draft in zip(todo, out):
+                self._ready.setdefault(s.seq_id, {})[name] = draft
+        return {s.seq_id: {n: len(d) for n, d in self._ready.get(s.seq_id, {}).items()} for s in sequences}
 
     def propose(self, ctx: StepContext, sequences: Sequence[Active], *,
                 apply_memory: Optional[Callable[[Sequence[MemoryAction]], None]] = None,
@@ -214,6 +245,9 @@ class Speculator:
 
         t_draft = self.clock()
         drafts, names = self._draft(ctx, batch, decision, requested)
+        ready, self._ready = self._ready, {}
+        shadows = [{n: d.tokens for n, d in ready.get(s.seq_id, {}).items() if n != name and len(d)}
+                   for s, name in zip(batch, names)]
         confidences = [list(d.confidences) for d in drafts]
         proposed = {s.seq_id: d.confidences for s, d in zip(batch, drafts) if len(d)}
         if proposed:  # the policy may verify fewer than drafted (AdaSpec's draft-token elimination)
@@ -223,18 +257,24 @@ class Speculator:
                 if k < len(d):
                     d.keep(max(k, 0))
         return Proposal(ctx, decision, batch, drafts, names, requested, confidences, joined, started,
-                        self.clock() - t_draft)
+                        self.clock() - t_draft, shadows)
 
     def commit(self, proposal: Proposal, verdicts: Sequence[Verified], tokens: Sequence[Sequence[int]], *,
                verify_time_s: float = 0.0, accept_time_s: float = 0.0, io_time_s: float = 0.0,
-               total_time_s: Optional[float] = None, draft_time_s: Optional[float] = None) -> StepOutcome:
+               total_time_s: Optional[float] = None, draft_time_s: Optional[float] = None,
+               shadows: Optional[Sequence[list]] = None) -> StepOutcome:
         """Close the step: `verdicts` and `tokens` (each sequence's committed tokens now) in
-        batch order. The drafters learn the tokens; the policy observes the StepOutcome."""
+        batch order. The drafters learn the tokens; the policy observes the StepOutcome.
+        `shadows`: per sequence, recorded `SequenceOutcome.shadow` (replay) instead of
+        checking the lookahead's drafts against `tokens`."""
         p = proposal
         views = {v.seq_id: v for v in p.ctx.sequences}
+        if shadows is None:
+            shadows = [shadow_trials(sh, toks[len(toks) - v.emitted:] if v.emitted else ())
+                       for sh, toks, v in zip(p.shadows or [{}] * len(p.batch), tokens, verdicts)]
         outcomes = []
-        for s, draft, name, asked, conf, v, toks in zip(p.batch, p.drafts, p.drafters, p.requested,
-                                                        p.confidences, verdicts, tokens):
+        for s, draft, name, asked, conf, v, toks, shadow in zip(p.batch, p.drafts, p.drafters, p.requested,
+                                                                p.confidences, verdicts, tokens, shadows):
             for d in self.drafters.values():  # every drafter sees every committed token (suffix store)
                 d.commit(s.seq_id, toks)
             if name is not None and len(draft):
@@ -246,7 +286,8 @@ class Speculator:
                 p_draft=list(v.p_draft), confidences=conf, kl=list(v.kl), tv=list(v.tv),
                 planned_drafter=arm.drafter, planned_gamma=arm.gamma, drafted=len(conf), requested=asked,
                 context_len=s.context_len,
-                catch_up=view.uncaught_tokens.get(name, 0) if view is not None and name else 0))
+                catch_up=view.uncaught_tokens.get(name, 0) if view is not None and name else 0,
+                shadow=list(shadow)))
         self._in_step = False
         self._release_deferred()
         left = tuple(self._left)
@@ -298,6 +339,13 @@ class Speculator:
             return self.policy.continue_drafting(ctx, seq_id, confidences)
 
         for name, idxs in groups.items():
+            for i in [i for i in idxs if name in self._ready.get(batch[i].seq_id, {})]:  # looked ahead
+                d = self._ready[batch[i].seq_id][name]
+                d.keep(min(len(d), requested[i]))
+                drafts[i], names[i] = d, name
+                idxs.remove(i)
+            if not idxs:
+                continue
             reqs = [DraftRequest(batch[i].seq_id, batch[i].tokens, requested[i], temperature=batch[i].temperature,
                                  generator=batch[i].generator) for i in idxs]
             try:
@@ -309,3 +357,23 @@ class Speculator:
             for i, d in zip(idxs, out):
                 drafts[i], names[i] = d, name
         return drafts, names
+
+
+def shadow_trials(drafts: Mapping[str, Sequence[int]], committed: Sequence[int]) -> list:
+    """[(drafter, successes, trials)]: each draft against the tokens the step committed,
+    under the geometric model (matches up to the first mismatch, which is one failed trial).
+
+    >>> shadow_trials({"ngram": [5, 9, 4], "suffix": [7]}, [5, 9, 7])
+    [('ngram', 2, 3), ('suffix', 0, 1)]
+    >>> shadow_trials({"ngram": [5, 9, 4]}, [5])   # one token committed: one trial so far
+    [('ngram', 1, 1)]
+    """
+    out = []
+    for name, toks in drafts.items():
+        n = min(len(toks), len(committed))
+        k = 0
+        while k < n and toks[k] == committed[k]:
+            k += 1
+        if n:
+            out.append((name, k, k + (k < n)))
+    return out

@@ -24,7 +24,9 @@ class StepTimeModel:
     (batch-size bucket, kind, gamma). A gamma not yet seen borrows the ratio of the
     nearest seen gamma of the same bucket and kind (the lower ratio when two are equally
     near): drafting one token more or less changes the error less than a new regime does.
-    Thin evidence is shrunk towards 1 (the profile): (ratio n + 1) / (n + 1).
+    Thin evidence is shrunk towards the base: (ratio n + base) / (n + 1), base the plain
+    steps' correction for a drafting kind and 1 (the profile) for plain steps; a kind not
+    seen yet takes the base.
 
     >>> m = StepTimeModel(StepTimeProfile.default(), ema=0.5)
     >>> m.correction(1, "free", 4)
@@ -32,6 +34,8 @@ class StepTimeModel:
     >>> m.learn(1, "free", 2, 1.5); m.learn(1, "free", 2, 1.5)   # ratio 1.5 seen twice
     >>> m.correction(1, "free", 4), m.correction(1, "model", 2)   # (1.5 * 2 + 1) / 3
     (1.3333333333333333, 1.0)
+    >>> m.learn(1, "none", 0, 2.0); m.correction(1, "model", 2)   # plain steps: (2 + 1) / 2
+    1.5
     """
 
     def __init__(self, profile: StepTimeProfile, ema: float):
@@ -84,10 +88,14 @@ class StepTimeModel:
         near = per.get(gamma)
         if near is None:
             near = per[gamma] = self._nearest_seen(bucket, kind, gamma)
+        # the profile's error shared by every kind (a slower host, the driver's own per-step
+        # work) is what plain steps show: a kind not seen yet, or seen little, starts from it,
+        # or drafting looks cheaper than it is exactly where plain decoding is what was measured
+        base = 1.0 if kind == "none" else self.correction(bucket, "none", 0)
         if not near:
-            return 1.0
+            return base
         ratio, n = near[0][1] if len(near) == 1 else min((v[0], v[1], g) for g, v in near)[:2]
-        return (ratio * n + 1.0) / (n + 1.0)
+        return (ratio * n + base) / (n + 1.0)
 
     def _nearest_seen(self, bucket: int, kind: str, gamma: int) -> Tuple[tuple, ...]:
         seen = self._by_kind.get((bucket, kind), {})

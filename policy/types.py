@@ -53,6 +53,9 @@ class SequenceView:
     temperature: float
     last_drafter: Optional[str] = None  # drafter used in this sequence's previous step
     uncaught_tokens: Mapping[str, int] = field(default_factory=dict)  # per model drafter: tokens it must catch up
+    # per model-free drafter the policy asked to look ahead (`Policy.lookahead`): the draft
+    # tokens it has ready for this step (0: no continuation); None when nobody looked ahead
+    available: Optional[Mapping[str, int]] = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,10 @@ class SequenceOutcome:
               has a full q distribution (model drafters); empty otherwise.
     context_len: tokens in the target's KV cache when the step began.
     catch_up: tokens the (model) drafter had to catch up before drafting this step.
+    shadow:   [(drafter, successes, trials)] for the drafts looked ahead but not played,
+              checked against the tokens the step committed (free evidence of alpha: a
+              one-hot draft token equals the target's token exactly as often as
+              verification would accept it).
     """
 
     seq_id: int
@@ -130,6 +137,7 @@ class SequenceOutcome:
     drafted: Optional[int] = None
     context_len: int = 0
     catch_up: int = 0
+    shadow: list = field(default_factory=list)
 
     @property
     def q_draft(self) -> list:

@@ -45,7 +45,8 @@ def test_external_loop_equals_plain_greedy(engine, prompts, plain, name):
             params[key] = "ngram"
     if "drafters" in params:
         params["drafters"] = ["ngram", "suffix"]
-    spec = Speculator(make_policy(name, **params), {n: make_drafter(n) for n in ("ngram", "suffix")})
+    spec = Speculator(make_policy(name, **params), {n: make_drafter(n) for n in ("ngram", "suffix")},
+                     lookahead=True)
     own = OwnLoopEngine(engine, IterationDrafter(spec, max_draft_len=6))
     out = own.generate(prompts, MAX_NEW)
     assert out == plain

@@ -141,3 +141,23 @@ def test_expected_sums_follow_the_scalar_formula():
         alphas = [round(rng.random(), 2) for _ in range(b)]
         want = [sum(expected_tokens(a, g) for a in alphas) for g in range(9)]
         assert expected_sums(alphas, 8) == pytest.approx(want, rel=1e-12)
+
+
+def test_composite_drafts_only_where_a_draft_is_ready_and_learns_from_shadows():
+    from policy import make_policy
+    from policy.types import DrafterInfo, SequenceOutcome, SequenceView, StepContext, StepOutcome
+
+    pol = make_policy("composite", drafters=["ngram"], prior_alpha=0.9)
+    drafters = [DrafterInfo(name="ngram", is_model=False, resident=True)]
+    views = [SequenceView(seq_id=i, context_len=100, generated=5, max_new_tokens=64, temperature=0.0,
+                          available={"ngram": 4 if i == 0 else 0}) for i in range(2)]
+    ctx = StepContext(step=0, sequences=views, drafters=drafters)
+    arms = pol.decide(ctx).arms
+    assert set(arms) == {0}  # sequence 1 has no draft ready: never planned
+    # drafts checked but not played teach the acceptance rate (here: always wrong)
+    before = pol.alpha(1, "ngram")
+    for _ in range(5):
+        pol.observe(StepOutcome(step=0, batch_size=2, context=ctx, sequences=[
+            SequenceOutcome(i, None, 0, 0, 1, shadow=[("ngram", 0, 1)]) for i in range(2)]))
+    assert pol.alpha(1, "ngram") < before
+    assert pol.acceptance.global_alpha("ngram") < 0.9

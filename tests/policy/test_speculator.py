@@ -156,3 +156,53 @@ def test_abandon_releases_what_a_failed_step_held():
     assert lookup.released == []
     spec.abandon()
     assert lookup.released == [1]
+
+
+class LookingAhead(Scripted):
+    def lookahead(self):
+        return {"lookup": 4, "model": 4}
+
+
+class Counting(Lookup):
+    """Proposes 7, 8, 9, ... for sequence 1 and nothing for the others; counts its calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def propose_batch(self, requests, keep_going=None):
+        self.calls += 1
+        return [Draft(tokens=list(range(7, 7 + r.gamma)) if r.seq_id == 1 else [],
+                      confidences=[1.0] * r.gamma if r.seq_id == 1 else []) for r in requests]
+
+
+def test_lookahead_shows_ready_drafts_plays_them_and_checks_the_rest():
+    lookup = Counting()
+    spec = Speculator(LookingAhead({1: Arm("lookup", 2)}), {"lookup": lookup, "model": Model("model")},
+                      lookahead=True)
+    active = seqs(1, 2)
+    ctx = spec.context(0, active)
+    assert [v.available for v in ctx.sequences] == [{"lookup": 4}, {"lookup": 0}]  # model drafters: not asked
+    p = spec.propose(ctx, active)
+    assert lookup.calls == 1  # the played arm used the ready draft
+    assert [d.tokens for d in p.drafts] == [[7, 8], []]
+    out = spec.commit(p, [Verified(2, 3), Verified(0, 1)], [[1, 2, 3, 7, 8, 0], [1, 2, 3, 0]])
+    assert [s.shadow for s in out.sequences] == [[], []]  # played, and nothing ready
+
+
+def test_drafts_not_played_are_checked_against_committed_tokens():
+    spec = Speculator(LookingAhead({}), {"lookup": Counting()}, lookahead=True)
+    active = seqs(1)
+    p = spec.propose(spec.context(0, active), active)
+    out = spec.commit(p, [Verified(0, 1)], [[1, 2, 3, 7]])  # plain decoding emitted 7: the draft's first token
+    assert out.sequences[0].shadow == [("lookup", 1, 1)]
+    p = spec.propose(spec.context(1, active), active)
+    out = spec.commit(p, [Verified(0, 1)], [[1, 2, 3, 5]])
+    assert out.sequences[0].shadow == [("lookup", 0, 1)]
+
+
+def test_without_lookahead_nothing_is_asked_before_the_decision():
+    lookup = Counting()
+    spec = Speculator(LookingAhead({}), {"lookup": lookup})
+    ctx = spec.context(0, seqs(1))
+    assert ctx.sequences[0].available is None and lookup.calls == 0

@@ -114,7 +114,7 @@ class AdaptiveDrafterLogic:
 
     NOT YET RUN ON A GPU. Inside the TensorRT-LLM container (serving.build_llm does this):
 
-        drafter = AdaptiveDrafter(IterationDrafter(Speculator(policy, drafters), max_draft_len=8))
+        drafter = AdaptiveDrafter(IterationDrafter(Speculator(policy, drafters, lookahead=True), max_draft_len=8))
         LLM(model, speculative_config=UserProvidedDecodingConfig(max_draft_len=8, drafter=drafter),
             disable_overlap_scheduler=True)
     """

@@ -74,7 +74,7 @@ def build_speculator(cfg: ServerConfig, root: Path) -> Speculator:
     if unknown:
         raise ValueError(f"drafters {unknown} are not supported on TensorRT-LLM yet (model-free only: "
                          f"{', '.join(sorted(n for n, c in DRAFTERS.items() if not c.is_model))})")
-    return Speculator(load_policy(cfg, root), {n: make_drafter(n) for n in names})
+    return Speculator(load_policy(cfg, root), {n: make_drafter(n) for n in names}, lookahead=True)
 
 
 def build_llm(cfg: ServerConfig, root: Path, *, speculator: Optional[Speculator] = None,
