@@ -23,6 +23,7 @@ reaches Triton the edge
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import math
@@ -37,6 +38,8 @@ MAX_BODY_BYTES = 1 << 20  # 1 MiB: a full 2,048-token prompt is ~10 KB
 MAX_DEPTH = 32  # the generate interface needs 3 levels; tensors in /infer one per dimension
 OVERLOADED_PREFIX = "server overloaded"  # backend/engine_loop.py EngineLoop.submit
 INTERNAL_PREFIX = "internal error"  # backend/triton_adapter.py, backend/engine_loop.py
+SHUTDOWN_PREFIX = "server shutting down"  # backend/request.py: the server is draining
+ADMIN_HEADER = "specserve-admin-key"  # opens the restricted APIs (backend/launcher.py)
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
               "transfer-encoding", "upgrade", "content-length", "host", "expect"}
 GENERATE = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?/generate(?:_stream)?$")
@@ -148,7 +151,7 @@ def unknown_input_message(name: str, input_types: dict) -> str:
 
 def status_for_model_error(status: int, message: str) -> int:
     """Triton 2.51 answers 400 for every error a decoupled model sends: restore the class."""
-    if status == 400 and message.startswith(OVERLOADED_PREFIX):
+    if status == 400 and message.startswith((OVERLOADED_PREFIX, SHUTDOWN_PREFIX)):
         return 503
     if status == 400 and message.startswith(INTERNAL_PREFIX):
         return 500
@@ -165,15 +168,23 @@ def error_response(status: int, message: str, stream: bool = False) -> web.Respo
 
 class Edge:
     def __init__(self, upstream: str, max_body_bytes: int = MAX_BODY_BYTES, max_depth: int = MAX_DEPTH,
-                 grpc_upstream: Optional[str] = None):
+                 grpc_upstream: Optional[str] = None, draining: Optional[asyncio.Event] = None,
+                 admin_key: Optional[str] = None, upstream_admin_key: Optional[str] = None):
         self.upstream = upstream.rstrip("/")  # e.g. http://127.0.0.1:18000
+        # Set when shutdown begins: every new request gets 503 (readiness too), in-flight ones go on.
+        self.draining = draining
+        # The client's ADMIN_HEADER is checked here against admin_key and never passed on; Triton
+        # (behind, on loopback) gets upstream_admin_key instead, so the admin key never appears on
+        # any command line (backend/launcher.py).
+        self.admin_key, self.upstream_admin_key = admin_key, upstream_admin_key
         self.grpc_upstream = grpc_upstream  # Triton's gRPC, e.g. 127.0.0.1:8001: serves the OpenAI API
         self.max_body_bytes, self.max_depth = max_body_bytes, max_depth
         self.session: Optional[ClientSession] = None
         self._configs: dict = {}  # model -> Triton's model config (JSON)
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body_bytes + 1)  # the handler reads; this is a backstop
+        app = web.Application(client_max_size=self.max_body_bytes + 1,  # the handler reads; this is a backstop
+                              middlewares=[self._refuse_while_draining])
         if self.grpc_upstream:  # /v1/...: backend/openai_api.py, before the catch-all
             from .openai_api import OpenAIApi
             OpenAIApi(self, self.grpc_upstream).mount(app)
@@ -181,6 +192,22 @@ class Edge:
         app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)
         return app
+
+    @web.middleware
+    async def _refuse_while_draining(self, request: web.Request, handler):
+        if self.draining is None or not self.draining.is_set() or request.path == "/v2/health/live":
+            return await handler(request)
+        return error_response(503, f"{SHUTDOWN_PREFIX}: not accepting new requests; retry on another server "
+                                   "or later", request.path.endswith("/generate_stream"))
+
+    def _upstream_headers(self, request: web.Request) -> dict:
+        headers = {k: v for k, v in request.headers.items()
+                   if k.lower() not in HOP_BY_HOP and k.lower() != ADMIN_HEADER}
+        key = request.headers.get(ADMIN_HEADER)
+        if key is not None and self.admin_key and self.upstream_admin_key and \
+                hmac.compare_digest(key.encode(), self.admin_key.encode()):
+            headers[ADMIN_HEADER] = self.upstream_admin_key
+        return headers
 
     async def _open(self, app) -> None:
         # skip_auto_headers: no Accept-Encoding the client did not send, or Triton gzips /infer
@@ -256,7 +283,7 @@ class Edge:
             await self._check(request, body)
         except EdgeError as e:
             return error_response(e.status, e.message, stream)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        headers = self._upstream_headers(request)
         url = f"{self.upstream}{await self._route(request)}"
         try:
             async with self.session.request(request.method, url, data=body or None, headers=headers) as up:

@@ -41,9 +41,11 @@ from policy.speculator import Active, Proposal, Speculator, Verified
 from .detokenizer import IncrementalDetokenizer
 from .drafters import Drafter
 from .kv_blocks import OutOfBlocks
+from .logits_processors import LogitsProcessor, tokenize_words
 from .memory import KVMemory
 from .ragged import prefill_groups
-from .request import GenerationRequest, Limits, Overloaded, RequestError, prompt_ids, validate
+from .request import (SHUTDOWN_PREFIX, GenerationRequest, Limits, Overloaded, RequestError, ShuttingDown,
+                      prompt_ids, validate)
 from .sampling import (accept_greedy, accept_sampling, accept_sampling_positional, divergences,
                        position_generator, target_probs)
 from .sequence import Sequence
@@ -68,6 +70,7 @@ class LoopStats:
     steps: int = 0
     sequence_steps: int = 0  # sum of batch sizes over steps (mean batch = this / steps)
     prefills: int = 0
+    prefill_tokens: int = 0  # tokens computed by prefills (recomputation after preemption included)
     prefill_time_s: float = 0.0
     step_time_s: float = 0.0
     draft_time_s: float = 0.0
@@ -84,6 +87,19 @@ class LoopStats:
     memory_gamma_cuts: int = 0  # steps whose drafts were dropped for lack of KV blocks
     drafter_parks: int = 0
     drafter_reloads: int = 0
+
+
+def log_probs_of(seq: Sequence, logits: torch.Tensor, p: Optional[torch.Tensor], tokens) -> Optional[List[float]]:
+    """return_log_probs: log of each emitted token's probability under the distribution its row
+    samples from (row j emits tokens[j]; accepted, recovered or bonus alike): p when sampling,
+    softmax of the processed logits when greedy. None when the request did not ask."""
+    if not seq.request.return_log_probs:
+        return None
+    rows = torch.arange(len(tokens))
+    ids = torch.tensor(tokens, dtype=torch.long)
+    if p is not None:
+        return p[rows, ids].clamp_min(1e-45).log().tolist()
+    return torch.log_softmax(logits[: len(tokens)].float(), dim=-1)[rows, ids].tolist()
 
 
 class EngineLoop:
@@ -107,7 +123,7 @@ class EngineLoop:
         self.memory = KVMemory(budget, engine.kv_bytes_per_token, self.model_drafters)
         self.pool = self.memory.pool
         self.spec = Speculator(policy, drafters, clock=clock, drafter_blocks=self.memory.drafter_blocks,
-                               on_outcome=self._record)
+                               on_outcome=self._record, lookahead=True)
         self.inbox: "queue.Queue[Sequence]" = queue.Queue()
         self.waiting: "collections.deque[Sequence]" = collections.deque()
         self.running: List[Sequence] = []  # running[i].slot == i
@@ -116,6 +132,7 @@ class EngineLoop:
         self._ids = iter(range(1, 1 << 62))
         self._last_cancel_check = float("-inf")
         self._stop = threading.Event()
+        self._drain_deadline: Optional[float] = None  # self.clock() time; set by drain() (shutdown)
         self._thread: Optional[threading.Thread] = None
         eos = engine.shape.eos_token_id
         self.default_eos = frozenset({eos} | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()))
@@ -140,6 +157,8 @@ class EngineLoop:
     def submit(self, req: GenerationRequest, sink) -> int:
         """Validate, tokenize and enqueue; raises RequestError for a bad request, Overloaded
         (before any work on the request) when cfg.max_queue requests are already waiting."""
+        if self._drain_deadline is not None:
+            raise ShuttingDown(f"{SHUTDOWN_PREFIX}: not accepting new requests; retry on another server or later")
         depth, bound = self.queue_depth, self.cfg.max_queue
         if bound and depth >= bound:
             raise Overloaded(f"server overloaded: {depth} requests are waiting (max_queue {bound}); retry later")
@@ -154,10 +173,14 @@ class EngineLoop:
         gen, seed = None, req.seed if req.seed is not None else random.getrandbits(63)
         if not req.sampling.greedy:
             gen = torch.Generator().manual_seed(seed)
+        eos_ids = frozenset({req.end_id}) if req.end_id is not None else self.default_eos
+        processor = None
+        if not req.penalties.neutral:  # requests without penalties pay nothing per step
+            processor = LogitsProcessor(req.penalties, tokenize_words(self.tok, req.penalties.bad_words), eos_ids,
+                                        temperature=0.0 if req.sampling.greedy else req.sampling.temperature)
         seq = Sequence(seq_id=next(self._ids), request=req, sink=sink, prompt_ids=ids, tokens=list(ids),
-                       detok=IncrementalDetokenizer(self.tok, ids),
-                       eos_ids=frozenset({req.end_id}) if req.end_id is not None else self.default_eos,
-                       generator=gen, seed=seed, arrival_s=self.clock())
+                       detok=IncrementalDetokenizer(self.tok, ids), eos_ids=eos_ids,
+                       generator=gen, seed=seed, arrival_s=self.clock(), processor=processor)
         self.inbox.put(seq)
         return seq.seq_id
 
@@ -167,12 +190,31 @@ class EngineLoop:
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stop the thread; requests still in flight then get a final error (never left hanging)."""
         self._stop.set()
         if self._thread:
             self._thread.join(timeout)
+        if self._thread is None or not self._thread.is_alive():
+            self._fail_all(f"{SHUTDOWN_PREFIX}: the request was stopped before it finished; retry")
+
+    def drain(self, seconds: float) -> None:
+        """Shutdown begins: refuse new requests (ShuttingDown) at once, let the running and
+        waiting ones finish for `seconds`, then fail those left with a final error."""
+        if self._drain_deadline is None:
+            self._drain_deadline = self.clock() + max(0.0, seconds)
+
+    def _fail_all(self, message: str) -> None:
+        """Fail every running, waiting and submitted request (on the loop thread, or once it is gone)."""
+        self._drain_inbox(False)
+        waiting, self.waiting = list(self.waiting), collections.deque()
+        for seq in list(self.running) + waiting:
+            self._fail(seq, message)
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if self._drain_deadline is not None and self.clock() >= self._drain_deadline and not self.idle:
+                log.warning("drain time is up: failing %d requests still in flight", len(self.running) + self.queue_depth)
+                self._fail_all(f"{SHUTDOWN_PREFIX}: the request was stopped before it finished; retry")
             try:
                 if not self.step(block=True):
                     continue
@@ -247,6 +289,7 @@ class EngineLoop:
                 break
             self.waiting.popleft()
             self.pool.allocate(seq.seq_id, n)
+            seq.scheduled_ns = seq.scheduled_ns or time.time_ns()
             seq.slot = len(self.running)
             self.running.append(seq)
             new.append(seq)
@@ -258,6 +301,7 @@ class EngineLoop:
         for group in prefill_groups([len(s.prefill_ids) for s in new]):
             failed += self._prefill([new[i] for i in group])
         self.stats.prefills += len(new)
+        self.stats.prefill_tokens += sum(len(s.prefill_ids) for s in new)
         self.stats.prefill_time_s += self.clock() - t0
         for seq in failed:  # after every group: vacating moves slots
             self._fail(seq, "internal error while starting this request; see the server log")
@@ -280,13 +324,13 @@ class EngineLoop:
             if resumed:
                 continue
             try:
-                first = self._sample_one(seq, logits[i: i + 1])
+                first, lp = self._sample_one(seq, logits[i: i + 1])
             except Exception:
                 log.exception("sampling the first token of sequence %d failed; failing it alone", seq.seq_id)
                 failed.append(seq)
                 continue
             seq.first_token_s = self.clock()
-            seq.append([first], self.cfg.limits.max_context)
+            seq.append([first], self.cfg.limits.max_context, log_probs=lp)
         return failed
 
     def _forward(self, slots, starts, tokens, logit_rows=None):
@@ -301,11 +345,16 @@ class EngineLoop:
         for d in self.feature_drafters:
             d.observe_features(seq.seq_id, start, feats[row: row + n])
 
-    def _sample_one(self, seq: Sequence, logits: torch.Tensor) -> int:
+    def _sample_one(self, seq: Sequence, logits: torch.Tensor):
+        """The first token from the prefill's last row -> (token, [its log prob] or None)."""
+        if seq.processor is not None:
+            logits = seq.processor(logits, seq.tokens, (), seq.generated)
         if seq.request.sampling.greedy:
-            return int(logits[0].argmax())
+            token = int(logits[0].argmax())
+            return token, log_probs_of(seq, logits, None, [token])
         p = target_probs(logits, seq.request.sampling)
-        return int(torch.multinomial(p[0], 1, generator=position_generator(seq.seed, len(seq.tokens))))
+        token = int(torch.multinomial(p[0], 1, generator=position_generator(seq.seed, len(seq.tokens))))
+        return token, log_probs_of(seq, logits, p, [token])
 
     def _active(self, seq: Sequence) -> Active:
         """A running sequence as the speculator sees it."""
@@ -369,6 +418,9 @@ class EngineLoop:
         """One sequence: logits [1 + len(draft), V] of its pending token and drafts (rows
         row.. of the step's features)."""
         p = None
+        if seq.processor is not None:  # row j sees the context with d_1..d_j, as plain decoding would
+            logits = seq.processor(logits, seq.tokens, draft.tokens, seq.generated)
+            argmax = logits.argmax(dim=-1).tolist()
         if seq.request.sampling.greedy:
             verdict = accept_greedy(argmax, draft.tokens)
         else:
@@ -388,7 +440,7 @@ class EngineLoop:
         self.engine.truncate(seq.slot, seq.kv_len)
         seq.drafted += len(draft)
         seq.accepted += verdict.accepted
-        seq.append(verdict.tokens, self.cfg.limits.max_context)
+        seq.append(verdict.tokens, self.cfg.limits.max_context, log_probs=log_probs_of(seq, logits, p, verdict.tokens))
         return Verified(accepted=verdict.accepted, emitted=len(verdict.tokens), p_draft=verdict.p_draft, kl=kl, tv=tv)
 
     def _record(self, outcome: StepOutcome) -> None:

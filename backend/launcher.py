@@ -7,10 +7,19 @@ as the server's supervisor and HTTP edge (backend/edge.py): clients' HTTP reache
 --http-port, which enforces the body-size and nesting limits and forwards to Triton's own
 HTTP on a private loopback port. gRPC and metrics are Triton's. Model control, the
 repository index, shared-memory registration, logging and trace settings are restricted
-(HTTP and gRPC) to requests carrying the header `specserve-admin-key: $SPECSERVE_ADMIN_KEY`
-(a random key when unset: nobody). On SIGTERM / SIGINT the edge stops accepting, Triton gets
-its exit timeout, and no Python-backend stub or /dev/shm region outlives it; leftovers of a
-crashed predecessor are cleaned at start.
+over HTTP to requests carrying the header `specserve-admin-key: $SPECSERVE_ADMIN_KEY` (checked
+by the edge, which passes Triton a per-start internal key instead; unset: nobody) and closed on
+gRPC, so the admin key is on no command line.
+
+Lifecycle. On SIGTERM / SIGINT shutdown begins: the edge answers 503 to every new request
+(readiness too), the model refuses new gRPC requests with UNAVAILABLE ("server shutting down";
+it reads the drain file this process writes, SPECSERVE_DRAIN_FILE), in-flight requests get
+SPECSERVE_DRAIN_SECONDS (10) to finish and are then failed with a final error, and only then is
+Triton stopped (its exit timeout, 10 s); the process exits 0 and leaves no Python-backend stub
+or /dev/shm region. A second signal skips the drain. If Triton dies, it is restarted after 1, 2,
+4, ... 30 s (SPECSERVE_MAX_RESTARTS, 5, within 10 minutes; then this process exits 1), its stub
+and shared memory removed first. Leftovers of a crashed predecessor (a tritonserver on our
+ports whose launcher is gone, stubs, /dev/shm regions) are cleaned at start.
 """
 from __future__ import annotations
 
@@ -18,11 +27,13 @@ import argparse
 import asyncio
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -42,7 +53,16 @@ class Ports:
 
 ADMIN_HEADER = "specserve-admin-key"
 RESTRICTED = "model-repository,shared-memory,logging,trace"  # Triton's API / protocol group names
-EXIT_TIMEOUT_S = 10
+# gRPC metadata values are printable ASCII: a key with a control character can never be sent, so
+# Triton's restricted gRPC protocols are closed to everyone (admins use HTTP through the edge).
+UNSENDABLE_KEY = "\x01closed"
+EXIT_TIMEOUT_S = 10  # Triton's own (--exit-timeout-secs); it aborts when that expires, so we never let it:
+TRITON_STOP_S = 5  # after the drain, Triton's time to exit before it is killed (an open client gRPC
+# stream keeps Triton from unloading the model even with nothing in flight)
+DRAIN_S = float(os.environ.get("SPECSERVE_DRAIN_SECONDS") or 10)  # in-flight requests' time to finish
+MAX_RESTARTS = int(os.environ.get("SPECSERVE_MAX_RESTARTS") or 5)  # Triton restarts within RESTART_WINDOW_S
+RESTART_WINDOW_S = 600.0
+RESTART_BACKOFF_MAX_S = 30
 STUB = "triton_python_backend_stub"
 SHM_PREFIX = "triton_python_backend_shm_region_"
 
@@ -53,17 +73,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_command(model_repository: Path, ports: Ports, log_verbose: int = 0, admin_key: str | None = None) -> list:
+def server_command(model_repository: Path, ports: Ports, log_verbose: int = 0, upstream_key: str | None = None,
+                   bind: str = "127.0.0.1") -> list:
+    """Triton's command line. Its HTTP stays on loopback (the edge's upstream); gRPC and metrics
+    listen on `bind`. `upstream_key` opens the restricted HTTP APIs: a per-start internal key the
+    edge adds for a client that sent the admin key (never the admin key itself: this line is
+    readable in /proc by every local user)."""
     binary = TRITON / "pytriton" / "tritonserver" / "bin" / "tritonserver"
     if not binary.exists():
         raise FileNotFoundError(f"{binary} missing: run scripts/setup.sh first")
-    key = admin_key or os.environ.get("SPECSERVE_ADMIN_KEY") or secrets.token_urlsafe(24)
+    key = upstream_key or secrets.token_urlsafe(24)
     return [str(binary), f"--model-repository={model_repository}", f"--backend-directory={TRITON / 'backends'}",
             "--http-address=127.0.0.1", f"--http-port={ports.triton_http or ports.http}",
-            "--grpc-address=127.0.0.1", f"--grpc-port={ports.grpc}",
-            "--metrics-address=127.0.0.1", f"--metrics-port={ports.metrics}",
+            f"--grpc-address={bind}", f"--grpc-port={ports.grpc}",
+            f"--metrics-address={bind}", f"--metrics-port={ports.metrics}",
             f"--http-restricted-api={RESTRICTED}:{ADMIN_HEADER}={key}",
-            f"--grpc-restricted-protocol={RESTRICTED}:{ADMIN_HEADER}={key}",
+            f"--grpc-restricted-protocol={RESTRICTED}:{ADMIN_HEADER}={UNSENDABLE_KEY}",
             "--allow-gpu-metrics=false", "--allow-cpu-metrics=true", f"--log-verbose={log_verbose}",
             f"--exit-timeout-secs={EXIT_TIMEOUT_S}"]
 
@@ -119,9 +144,12 @@ def start_server(model_repository: Path = ROOT / "model_repository", ports: Port
 
 # -- supervision -------------------------------------------------------------------------------
 def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the supervisor dies, however it dies (Linux)."""
+    """In the child before exec: SIGKILL when the supervisor dies, however it dies (Linux). Not
+    SIGTERM: without its supervisor nobody drains it, and Triton 2.51 hangs when its exit timeout
+    expires with a model still held (an open client stream), keeping the ports. Its stubs and
+    /dev/shm regions are removed by the next start (reap_stubs)."""
     import ctypes
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _alive(pid: int) -> bool:
@@ -152,7 +180,7 @@ def reap_stubs(server_pid: int | None = None, shm_dir: Path = Path("/dev/shm"), 
     ignores SIGTERM and outlives a crashed server), remove their shared-memory regions, and remove
     regions no live stub names that are older than `min_age_s` (a starting server's are newer).
     Other live servers' stubs are left alone. -> the number of stubs killed."""
-    killed = 0
+    killed, pids = 0, []
     for pid, argv in _stubs():
         try:
             parent = int(argv[5])
@@ -162,69 +190,260 @@ def reap_stubs(server_pid: int | None = None, shm_dir: Path = Path("/dev/shm"), 
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed += 1
+                pids.append(pid)
             except ProcessLookupError:
                 pass
             (shm_dir / Path(argv[2]).name).unlink(missing_ok=True)
+    deadline = time.monotonic() + 3.0
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
     named = {Path(argv[2]).name for pid, argv in _stubs() if _alive(pid)}
+    mapped, complete = _mapped_regions()
     for region in shm_dir.glob(SHM_PREFIX + "*"):
         try:
-            if region.name not in named and time.time() - region.stat().st_mtime > min_age_s:
+            age = time.time() - region.stat().st_mtime
+            # mapped by no process at all: stale once older than a starting server's creation race
+            if region.name not in named and region.name not in mapped and age > (2.0 if complete else min_age_s):
                 region.unlink()
         except OSError:
             pass
     return killed
 
 
-def supervise(cmd: list, ports: Ports, max_body_bytes: int, max_depth: int) -> int:
-    """Run Triton (`cmd`) and the HTTP edge until a signal or Triton's exit; clean up after both."""
-    from . import edge
-
-    proc = subprocess.Popen(cmd, env=server_env(), preexec_fn=_die_with_parent)
-
-    async def run() -> int:
-        stop, loop, got = asyncio.Event(), asyncio.get_running_loop(), []
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, lambda s=sig: (got.append(s), stop.set()))
-
-        async def watch() -> None:
-            while proc.poll() is None and not stop.is_set():
-                await asyncio.sleep(0.2)
-            stop.set()
-
-        watcher = asyncio.create_task(watch())
-        edge_task = asyncio.create_task(edge.serve(
-            "127.0.0.1", ports.http, f"http://127.0.0.1:{ports.triton_http}", stop,
-            shutdown_timeout=EXIT_TIMEOUT_S + 2, max_body_bytes=max_body_bytes, max_depth=max_depth,
-            grpc_upstream=f"127.0.0.1:{ports.grpc}"))
-        done, _ = await asyncio.wait({edge_task, asyncio.create_task(stop.wait())},
-                                     return_when=asyncio.FIRST_COMPLETED)
-        if edge_task in done and edge_task.exception() is not None:
-            print(f"the HTTP edge could not serve port {ports.http}: {edge_task.exception()}", flush=True)
-        stop.set()
-        if proc.poll() is None:  # Triton drains in flight for its exit timeout while the edge closes
-            proc.send_signal(signal.SIGTERM)
+def _mapped_regions() -> tuple:
+    """({shm region names some live process maps}, whether every process's maps could be read)."""
+    mapped, complete = set(), True
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
         try:
-            await loop.run_in_executor(None, proc.wait, EXIT_TIMEOUT_S + 5)
-        except subprocess.TimeoutExpired:
-            print("tritonserver did not exit in time: killing it", flush=True)
-            proc.kill()
-            await loop.run_in_executor(None, proc.wait)
-        if not edge_task.done():
-            await asyncio.wait({edge_task}, timeout=EXIT_TIMEOUT_S + 5)
-        watcher.cancel()
-        if got:  # asked to stop: a clean stop is success whatever Triton's own code
-            return 0 if edge_task.done() and not edge_task.cancelled() and edge_task.exception() is None else 1
-        print(f"tritonserver exited with code {proc.returncode}", flush=True)
-        return proc.returncode if proc.returncode and proc.returncode > 0 else 1
+            text = (d / "maps").read_text(errors="replace")
+        except FileNotFoundError:
+            continue
+        except OSError:  # another user's process: only Triton's own map these regions
+            try:
+                complete = complete and (d / "comm").read_text().strip() not in ("tritonserver", STUB[:15])
+            except OSError:
+                pass
+            continue
+        if SHM_PREFIX in text:
+            mapped.update(Path(line.split()[-1]).name for line in text.splitlines() if SHM_PREFIX in line)
+    return mapped, complete
 
+
+def _proc_argv(pid: int) -> list:
     try:
-        return asyncio.run(run())
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if reap_stubs(proc.pid):
-            print("killed the Python-backend stub tritonserver left behind", flush=True)
+        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def stop_orphan_servers(ports: Ports, timeout_s: float = TRITON_STOP_S) -> int:
+    """A tritonserver whose launcher was killed (SIGKILL: no cleanup ran) keeps our gRPC or
+    metrics port while it shuts down (it got SIGTERM from PR_SET_PDEATHSIG). Stop those that use
+    one of `ports` and whose parent is no launcher: SIGTERM, then SIGKILL after `timeout_s`.
+    -> how many were found."""
+    flags = {f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}"}
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        argv = _proc_argv(int(d.name))
+        if argv and Path(argv[0]).name == "tritonserver" and flags & set(argv) and \
+                "backend.launcher" not in _proc_argv(_ppid(int(d.name))):
+            found.append(int(d.name))
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout_s
+    while any(_alive(p) for p in found) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in found:
+        if _alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return len(found)
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return f"signal {signal.Signals(-code).name}" if code < 0 else f"code {code}"
+    except ValueError:
+        return f"code {code}"
+
+
+class Supervisor:
+    """Runs Triton (`cmd`) behind the HTTP edge; restarts Triton when it dies (bounded, with
+    backoff); on SIGTERM / SIGINT drains and stops both (module docstring)."""
+
+    def __init__(self, cmd: list, ports: Ports, max_body_bytes: int, max_depth: int, admin_key: str | None = None,
+                 upstream_admin_key: str | None = None, bind: str = "127.0.0.1", drain_s: float = DRAIN_S,
+                 max_restarts: int = MAX_RESTARTS, restart_window_s: float = RESTART_WINDOW_S):
+        self.cmd, self.ports, self.bind = cmd, ports, bind
+        self.limits = dict(max_body_bytes=max_body_bytes, max_depth=max_depth)
+        self.admin_key, self.upstream_admin_key = admin_key, upstream_admin_key
+        self.drain_s, self.max_restarts, self.restart_window_s = drain_s, max_restarts, restart_window_s
+        self.workdir = Path(tempfile.mkdtemp(prefix="specserve-"))
+        self.drain_file = self.workdir / "drain"
+        self.env = server_env({"SPECSERVE_DRAIN_FILE": str(self.drain_file)})
+        self.env.pop("SPECSERVE_ADMIN_KEY", None)  # Triton needs none of it
+        self.proc: subprocess.Popen | None = None
+        self.restarts: list = []  # monotonic times of restarts within the window
+
+    def _start(self) -> subprocess.Popen:
+        # From the main thread (PR_SET_PDEATHSIG follows the forking thread), in a process group
+        # of its own: a terminal's Ctrl-C reaches only this supervisor, which drains first.
+        self.proc = subprocess.Popen(self.cmd, env=self.env, preexec_fn=_die_with_parent, process_group=0)
+        return self.proc
+
+    def _restart_delay(self) -> float | None:
+        """Seconds to wait before the next restart, or None when the budget is spent."""
+        now = time.monotonic()
+        self.restarts = [t for t in self.restarts if now - t < self.restart_window_s]
+        if len(self.restarts) >= self.max_restarts:
+            return None
+        self.restarts.append(now)
+        return float(min(RESTART_BACKOFF_MAX_S, 2 ** (len(self.restarts) - 1)))
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports.triton_http}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    async def _watch(self, stop: asyncio.Event, edge_task) -> str | None:
+        """Until a stop signal, the edge failing, Triton's exit or the death of one of its
+        Python-backend stubs (which Triton does not restart): -> that stub's model name, or None."""
+        loop, stubs, ready, next_check = asyncio.get_running_loop(), {}, False, 0.0
+        while not stop.is_set() and self.proc.poll() is None and not edge_task.done():
+            try:
+                await asyncio.wait_for(stop.wait(), 0.2)
+                break
+            except asyncio.TimeoutError:
+                pass
+            if time.monotonic() < next_check:
+                continue
+            next_check = time.monotonic() + 1.0
+            if not ready:  # stubs come and go while models load: watch them once Triton is ready
+                ready = await loop.run_in_executor(None, self._ready)
+                if not ready:
+                    continue
+            for pid, argv in _stubs():
+                if argv[5] == str(self.proc.pid) and _alive(pid):
+                    stubs.setdefault(pid, Path(argv[1]).parent.parent.name)
+            for pid, model in stubs.items():
+                if not _alive(pid) and self.proc.poll() is None and not stop.is_set():
+                    return model
+        return None
+
+    async def _drain(self, hurry: asyncio.Event) -> None:
+        """New work refused everywhere (edge: 503; model: UNAVAILABLE), in flight given drain_s."""
+        done = self.drain_file.with_name(self.drain_file.name + ".done")
+        self.drain_file.write_text(f"{self.drain_s}\n")
+        deadline = time.monotonic() + self.drain_s + 2.0  # the model fails what is left at drain_s
+        while not done.exists() and self.proc.poll() is None and not hurry.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        print(f"drained in {self.drain_s - max(0.0, deadline - 2.0 - time.monotonic()):.1f} s" if done.exists()
+              else "drain time is up", flush=True)
+
+    async def run(self) -> int:
+        from . import edge
+
+        loop = asyncio.get_running_loop()
+        stop, hurry, draining, edge_stop, got = (asyncio.Event(), asyncio.Event(), asyncio.Event(),
+                                                 asyncio.Event(), [])
+
+        def on_signal(sig) -> None:
+            (hurry if got else stop).set()  # a second signal: stop without waiting for the drain
+            got.append(sig)
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal, sig)
+        self._start()
+        edge_task = asyncio.create_task(edge.serve(
+            self.bind, self.ports.http, f"http://127.0.0.1:{self.ports.triton_http}", edge_stop,
+            shutdown_timeout=EXIT_TIMEOUT_S + 2, grpc_upstream=f"127.0.0.1:{self.ports.grpc}", draining=draining,
+            admin_key=self.admin_key, upstream_admin_key=self.upstream_admin_key, **self.limits))
+        failed = False
+        while True:
+            stub_died = await self._watch(stop, edge_task)
+            if stop.is_set():
+                break
+            if edge_task.done():
+                print(f"the HTTP edge could not serve port {self.ports.http}: {edge_task.exception()}", flush=True)
+                failed = True
+                break
+            pid = self.proc.pid
+            if stub_died is not None:  # Triton lives on but answers "Stub process ... is not healthy"
+                print(f"the Python-backend stub of model '{stub_died}' died: restarting tritonserver", flush=True)
+                self.proc.kill()
+                self.proc.wait()
+            else:
+                print(f"tritonserver (pid {pid}) died unexpectedly ({_signal_name(self.proc.returncode)})", flush=True)
+            if reap_stubs(pid):
+                print("killed the Python-backend stub it left behind", flush=True)
+            delay = self._restart_delay()
+            if delay is None:
+                print(f"tritonserver died {self.max_restarts + 1} times within {self.restart_window_s:.0f} s: "
+                      "giving up", flush=True)
+                failed = True
+                break
+            print(f"restarting tritonserver in {delay:.0f} s (restart {len(self.restarts)} of at most "
+                  f"{self.max_restarts} within {self.restart_window_s:.0f} s)", flush=True)
+            try:
+                await asyncio.wait_for(stop.wait(), delay)
+                break
+            except asyncio.TimeoutError:
+                pass
+            self._start()
+        if stop.is_set():
+            draining.set()
+            if self.proc.poll() is None:
+                await self._drain(hurry)
+        # The edge first: Triton waits for open HTTP connections (the edge's keep-alive ones).
+        edge_stop.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(edge_task), EXIT_TIMEOUT_S + 2)
+        except (asyncio.TimeoutError, Exception):
+            pass
+        if self.proc.poll() is None:  # nothing in flight now: Triton unloads and exits
+            self.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + TRITON_STOP_S
+        while self.proc.poll() is None and time.monotonic() < deadline and len(got) < 3:
+            await asyncio.sleep(0.1)
+        if self.proc.poll() is None:  # nothing in flight any more (drained): killing loses no work
+            print(f"tritonserver did not exit within {TRITON_STOP_S} s (open client gRPC streams hold the model): "
+                  "killing it", flush=True)
+            self.proc.kill()
+            self.proc.wait()
+        elif self.proc.returncode and got:
+            print(f"tritonserver exited with {_signal_name(self.proc.returncode)}", flush=True)
+        if failed:
+            return 1
+        return 0 if edge_task.done() and not edge_task.cancelled() and edge_task.exception() is None else 1
+
+    def __call__(self) -> int:
+        try:
+            return asyncio.run(self.run())
+        finally:
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            if self.proc is not None and reap_stubs(self.proc.pid):
+                print("killed the Python-backend stub tritonserver left behind", flush=True)
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def main(argv=None) -> int:
@@ -235,19 +454,26 @@ def main(argv=None) -> int:
     ap.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
     ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
     ap.add_argument("--model-repository", type=Path, default=ROOT / "model_repository")
+    ap.add_argument("--bind-address", default=os.environ.get("SPECSERVE_BIND_ADDRESS") or "127.0.0.1",
+                    help="address the HTTP edge, gRPC and metrics listen on (Triton's own HTTP stays on loopback)")
     ap.add_argument("--max-body-bytes", type=int, default=int(os.environ.get("SPECSERVE_MAX_BODY_BYTES") or MAX_BODY_BYTES),
                     help="largest HTTP request body (413 beyond)")
     ap.add_argument("--max-json-depth", type=int, default=int(os.environ.get("SPECSERVE_MAX_JSON_DEPTH") or MAX_DEPTH),
                     help="deepest JSON nesting in an HTTP request (400 beyond)")
     args = ap.parse_args(argv)
+    ports = Ports(args.http_port, args.grpc_port, args.metrics_port, triton_http=free_port())
+    if stop_orphan_servers(ports):
+        print("stopped a tritonserver a killed launcher left on these ports", flush=True)
     if reap_stubs():
         print("killed Python-backend stubs a crashed server left behind", flush=True)
-    ports = Ports(args.http_port, args.grpc_port, args.metrics_port, triton_http=free_port())
-    print(f"Starting Triton on 127.0.0.1 — HTTP {ports.http}, gRPC {ports.grpc}, metrics {ports.metrics}; "
+    print(f"Starting Triton on {args.bind_address} — HTTP {ports.http}, gRPC {ports.grpc}, metrics {ports.metrics}; "
           f"model 'llm' (also 'ensemble', 'tensorrt_llm_bls'; unary 'llm_unary'); OpenAI API at "
           f"http://127.0.0.1:{ports.http}/v1. Try:\n  curl -s -X POST 127.0.0.1:{ports.http}/v2/models/llm/generate "
           "-d '{\"text_input\": \"The capital of France is\", \"max_tokens\": 16}'", flush=True)
-    return supervise(server_command(args.model_repository, ports), ports, args.max_body_bytes, args.max_json_depth)
+    upstream_key = secrets.token_urlsafe(24)
+    return Supervisor(server_command(args.model_repository, ports, upstream_key=upstream_key, bind=args.bind_address),
+                      ports, args.max_body_bytes, args.max_json_depth, admin_key=os.environ.get("SPECSERVE_ADMIN_KEY"),
+                      upstream_admin_key=upstream_key, bind=args.bind_address)()
 
 
 if __name__ == "__main__":

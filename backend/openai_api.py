@@ -8,10 +8,10 @@ rendered with the served checkpoint's own chat template (`chat_template.jinja` o
 
 Supported: `messages` (system / developer / user / assistant; text content or text parts),
 `prompt` (a string, or a list of one), `max_tokens` / `max_completion_tokens`, `temperature`
-(default 1, as OpenAI), `top_p`, `seed`, `stop`, `n` (up to MAX_N: n requests in one batch,
+(default 1, as OpenAI), `top_p`, `presence_penalty` / `frequency_penalty` (-2..2), `seed`, `stop`, `n` (up to MAX_N: n requests in one batch,
 seeds seed, seed+1, ... when a seed is given), `stream` with `stream_options.include_usage`,
 `echo` (completions), `usage`. Anything else is refused with an OpenAI-shaped error naming it
-(`logprobs`, penalties, `tools`, ... are not served yet: refused rather than ignored, so a client
+(`logprobs`, `logit_bias`, `tools`, ... are not served yet: refused rather than ignored, so a client
 never gets output that silently disregards a setting).
 """
 from __future__ import annotations
@@ -38,8 +38,7 @@ CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "re
                         "tool_choice", "parallel_tool_calls", "metadata", "store", "service_tier"}
 COMPLETION_FIELDS = COMMON | {"prompt", "echo", "best_of", "suffix"}
 # accepted only at the value that changes nothing (OpenAI's default)
-NEUTRAL = {"logprobs": (None, False), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
-           "logit_bias": (None, {}), "top_logprobs": (None, 0), "tools": (None, []),
+NEUTRAL = {"logprobs": (None, False), "logit_bias": (None, {}), "top_logprobs": (None, 0), "tools": (None, []),
            "tool_choice": (None, "none", "auto"), "parallel_tool_calls": (None, True, False),
            "metadata": (None, {}), "store": (None, False), "service_tier": (None, "auto", "default"),
            "best_of": (None, 1), "suffix": (None, ""), "response_format": (None, {"type": "text"})}
@@ -111,6 +110,9 @@ def parse_common(body, allowed: set) -> dict:
     p = {"model": body["model"], "temperature": _number(body, "temperature", 0.0, 2.0), "top_p": _number(body, "top_p", 0.0, 1.0),
          "seed": _integer(body, "seed", 0, 2**64 - 1 - MAX_N), "n": _integer(body, "n", 1, MAX_N) or 1}
     p["temperature"] = 1.0 if p["temperature"] is None else p["temperature"]
+    # TensorRT-LLM's presence / frequency penalties (backend/logits_processors.py: prompt tokens count too)
+    p["presence_penalty"] = _number(body, "presence_penalty", -2.0, 2.0)
+    p["frequency_penalty"] = _number(body, "frequency_penalty", -2.0, 2.0)
     stop = body.get("stop")
     if stop is None:
         stop = []
@@ -302,6 +304,9 @@ class OpenAIApi:
             ins.append(t("top_p", p["top_p"], "FP32", np.float32))
         if p["seed"] is not None:
             ins.append(t("random_seed", p["seed"] + index, "UINT64", np.uint64))
+        for name in ("presence_penalty", "frequency_penalty"):
+            if p.get(name):
+                ins.append(t(name, p[name], "FP32", np.float32))
         if p["stop"]:
             x = InferInput("stop_words", [1, len(p["stop"])], "BYTES")
             x.set_data_from_numpy(np.array([[s.encode() for s in p["stop"]]], dtype=object))

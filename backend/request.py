@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from .logits_processors import Penalties
 from .sampling import SamplingParams
 
 
@@ -18,6 +19,13 @@ class RequestError(ValueError):
 
 class Overloaded(RuntimeError):
     """The server is at its admission limit: the client should retry later (HTTP 503 / UNAVAILABLE)."""
+
+
+class ShuttingDown(Overloaded):
+    """The server is draining for shutdown: it takes no new request (HTTP 503 / UNAVAILABLE)."""
+
+
+SHUTDOWN_PREFIX = "server shutting down"  # backend/edge.py and backend/triton_forward.py map it to 503 / UNAVAILABLE
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,9 @@ class GenerationRequest:
     stream: bool = False
     exclude_input_in_output: bool = False
     apply_chat_template: bool = False
+    penalties: Penalties = field(default_factory=Penalties)  # repetition/presence/frequency, min_length, bad_words
+    return_log_probs: bool = False  # cum_log_probs / output_log_probs outputs
+    return_perf_metrics: bool = False  # acceptance_rate, total_draft_tokens, ... outputs
 
 
 def validate(req: GenerationRequest, limits: Limits) -> GenerationRequest:
@@ -65,6 +76,9 @@ def validate(req: GenerationRequest, limits: Limits) -> GenerationRequest:
         raise RequestError(f"random_seed must be >= 0, got {req.seed}")
     if any(not w for w in req.stop_words):
         raise RequestError("stop_words must not contain empty strings")
+    problem = req.penalties.problems(req.max_tokens)
+    if problem:
+        raise RequestError(problem)
     return req
 
 

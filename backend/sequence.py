@@ -1,8 +1,9 @@
 """One request's state inside the engine loop, and the sink it answers through."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import List, Optional, Protocol
+from typing import Any, List, Optional, Protocol
 
 import torch
 
@@ -21,6 +22,9 @@ class Chunk:
     num_draft_tokens: int  # cumulative
     num_accepted_tokens: int  # cumulative
     finish_reason: Optional[str] = None  # "stop" | "length" | "cancelled" | None
+    output_log_probs: Optional[List[float]] = None  # return_log_probs: this response's tokens' log probs
+    cum_log_prob: float = 0.0  # return_log_probs: sum over every generated token so far
+    perf: Optional[dict] = None  # return_perf_metrics: TensorRT-LLM's per-request metrics
 
 
 class ResponseSink(Protocol):
@@ -54,6 +58,13 @@ class Sequence:
     first_token_s: Optional[float] = None
     stop_at: Optional[int] = field(default=None)  # char index where a stop word begins
     preemptions: int = 0  # times it left the batch for lack of KV blocks (and was recomputed)
+    processor: Any = None  # backend.logits_processors.LogitsProcessor, or None (no penalties)
+    log_probs: List[float] = field(default_factory=list)  # return_log_probs: one per generated token
+    sent_log_probs: int = 0  # log_probs already sent (streaming)
+    arrival_ns: int = field(default_factory=time.time_ns)  # wall clock, for return_perf_metrics
+    scheduled_ns: int = 0
+    first_token_ns: int = 0
+    last_token_ns: int = 0
 
     @property
     def generated(self) -> int:
@@ -68,8 +79,20 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def append(self, new_tokens: List[int], max_context: int) -> None:
-        """Commit emitted tokens, stopping at EOS, max_tokens, context or a stop word."""
+    def append(self, new_tokens: List[int], max_context: int, log_probs: Optional[List[float]] = None) -> None:
+        """Commit emitted tokens, stopping at EOS, max_tokens, context or a stop word (log_probs:
+        each token's, kept for the tokens committed)."""
+        req = self.request
+        before = len(self.tokens)
+        self._append(new_tokens, max_context)
+        if log_probs is not None:
+            self.log_probs.extend(log_probs[: len(self.tokens) - before])
+        if len(self.tokens) > before:
+            self.last_token_ns = time.time_ns()
+            if not self.first_token_ns:
+                self.first_token_ns = self.last_token_ns
+
+    def _append(self, new_tokens: List[int], max_context: int) -> None:
         req = self.request
         for t in new_tokens:
             if t in self.eos_ids:
@@ -107,13 +130,28 @@ class Sequence:
         if self.request.stream:
             chunk = self.chunk(finish=final)
             if chunk.text or final:
-                self.sink.send(chunk, final)
+                self.sink.send(self._extras(chunk), final)
         elif final:
             chunk = self.chunk(finish=True)
             chunk.text = self.output_text()
             if not self.request.exclude_input_in_output:
                 chunk.text = self.request.prompt + chunk.text
-            self.sink.send(chunk, True)
+            self.sink.send(self._extras(chunk), True)
+
+    def _extras(self, chunk: Chunk) -> Chunk:
+        """The outputs the request asked for besides the text: the log probs of the tokens not yet
+        sent, and the perf metrics."""
+        req = self.request
+        if req.return_log_probs:
+            chunk.output_log_probs = self.log_probs[self.sent_log_probs:]
+            chunk.cum_log_prob = float(sum(self.log_probs))
+            self.sent_log_probs = len(self.log_probs)
+        if req.return_perf_metrics:
+            chunk.perf = {"acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
+                          "total_draft_tokens": self.drafted, "total_accepted_draft_tokens": self.accepted,
+                          "arrival_time_ns": self.arrival_ns, "first_scheduled_time_ns": self.scheduled_ns,
+                          "first_token_time_ns": self.first_token_ns, "last_token_time_ns": self.last_token_ns}
+        return chunk
 
     def output_text(self) -> str:
         end = self.stop_at if self.stop_at is not None else len(self.detok.text)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -19,7 +21,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from .engine_loop import EngineLoop
-from .request import GenerationRequest, Overloaded, RequestError, decode_utf8
+from .metrics import MetricsPublisher, RequestLog
+from .logits_processors import Penalties
+from .request import SHUTDOWN_PREFIX, GenerationRequest, Overloaded, RequestError, decode_utf8, validate
 from .sampling import SamplingParams
 from .sequence import Chunk
 from .server_config import ServerConfig
@@ -32,11 +36,16 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # message, so every message says what kind of error it is.
 INVALID_ARG, UNAVAILABLE, INTERNAL = "INVALID_ARG", "UNAVAILABLE", "INTERNAL"
 
-# Inputs of the TensorRT-LLM ensemble we act on, plus our own apply_chat_template.
-# pad_id / bad_words / beam_width are accepted for compatibility (see _convert).
+# Inputs of the TensorRT-LLM ensemble we act on, plus our own apply_chat_template and min_length
+# (TensorRT-LLM's min_tokens under its sampling-config name). pad_id / beam_width are accepted for
+# compatibility (see _convert). Every input may carry a batch dimension > 1 (one row per prompt, as
+# end_to_end_grpc_client.py --batch-inputs sends): a single row applies to every prompt.
 _SCALARS = {"max_tokens": int, "temperature": float, "top_k": int, "top_p": float, "random_seed": int,
             "end_id": int, "pad_id": int, "beam_width": int, "stream": bool, "exclude_input_in_output": bool,
-            "apply_chat_template": bool}
+            "apply_chat_template": bool, "repetition_penalty": float, "presence_penalty": float,
+            "frequency_penalty": float, "min_length": int, "min_tokens": int, "return_log_probs": bool,
+            "return_perf_metrics": bool, "num_return_sequences": int}
+MAX_RETURN_SEQUENCES = 16
 
 
 def _tensor(request, name: str) -> Optional[np.ndarray]:
@@ -44,141 +53,207 @@ def _tensor(request, name: str) -> Optional[np.ndarray]:
     return None if t is None else t.as_numpy()
 
 
-def _scalar(request, name: str, kind):
+def _rows(arr: np.ndarray, name: str, batch: int) -> list:
+    """An input's rows, one per prompt of the batch (a single row applies to every prompt)."""
+    rows = arr.reshape(1, -1) if arr.ndim < 2 else arr.reshape(arr.shape[0], -1)
+    if rows.shape[0] == batch:
+        return list(rows)
+    if rows.shape[0] == 1:
+        return [rows[0]] * batch
+    raise RequestError(f"{name} has {rows.shape[0]} rows for a batch of {batch} prompts (text_input); send one "
+                       f"row per prompt, or one for all")
+
+
+def _scalars(request, name: str, kind, batch: int) -> list:
     arr = _tensor(request, name)
     if arr is None:
-        return None
-    if arr.size != 1:
-        raise RequestError(f"{name} must hold exactly one value per request, got shape {list(arr.shape)}")
-    value = arr.reshape(-1)[0]
-    return kind(value.item() if hasattr(value, "item") else value)
+        return [None] * batch
+    out = []
+    for row in _rows(arr, name, batch):
+        if row.size != 1:
+            raise RequestError(f"{name} must hold exactly one value per request, got shape {list(arr.shape)}")
+        value = row[0]
+        out.append(kind(value.item() if hasattr(value, "item") else value))
+    return out
 
 
-def _strings(request, name: str) -> list:
+def _strings(request, name: str, batch: int) -> list:
     arr = _tensor(request, name)
     if arr is None:
-        return []
-    return [decode_utf8(b, name) if isinstance(b, bytes) else str(b) for b in arr.reshape(-1)]
+        return [[] for _ in range(batch)]
+    if arr.dtype != np.object_:
+        raise RequestError(f"{name} must be strings (BYTES), got {arr.dtype}")
+    return [[decode_utf8(b, name) if isinstance(b, bytes) else str(b) for b in row] for row in _rows(arr, name, batch)]
 
 
-def _convert(request, cfg: ServerConfig) -> GenerationRequest:
+def _convert(request, cfg: ServerConfig) -> list:
+    """One Triton request -> [(GenerationRequest, batch_index, sequence_index)]: one per prompt of
+    the batch (text_input rows) and returned sequence (num_return_sequences); an index is None
+    when that dimension is 1 (its output is then not sent)."""
     text = _tensor(request, "text_input")
     if text is None or text.size == 0:
         raise RequestError("text_input is missing or empty")
-    if text.size != 1:
-        raise RequestError(f"send one prompt per request (text_input has shape {list(text.shape)})")
-    raw = text.reshape(-1)[0]
-    prompt = decode_utf8(raw, "text_input") if isinstance(raw, bytes) else str(raw)
-    v = {k: _scalar(request, k, kind) for k, kind in _SCALARS.items()}
-    if v["beam_width"] not in (None, 1):
-        raise RequestError(f"beam_width {v['beam_width']} is not supported (only 1)")
-    if any(_strings(request, "bad_words")):
-        raise RequestError("bad_words is not supported")
-    stop_words = [w for w in _strings(request, "stop_words") if w]
-    sampling = SamplingParams(temperature=v["temperature"] if v["temperature"] is not None else 0.0,
-                              top_k=v["top_k"] or 0, top_p=v["top_p"] if v["top_p"] is not None else 1.0)
-    # TensorRT-LLM treats top_k=1 as greedy; so do we (exactly the same tokens).
-    if sampling.top_k == 1:
-        sampling = SamplingParams()
-    chat = v["apply_chat_template"]
-    return GenerationRequest(
-        prompt=prompt,
-        max_tokens=v["max_tokens"] if v["max_tokens"] is not None else cfg.default_max_tokens,
-        sampling=sampling, seed=v["random_seed"], stop_words=stop_words, end_id=v["end_id"],
-        stream=bool(v["stream"]), exclude_input_in_output=bool(v["exclude_input_in_output"]),
-        apply_chat_template=cfg.chat_template_default if chat is None else chat)
+    batch = text.shape[0] if text.ndim >= 1 else 1
+    if text.size != batch:
+        raise RequestError(f"send one prompt per batch row (text_input has shape {list(text.shape)})")
+    columns = {k: _scalars(request, k, kind, batch) for k, kind in _SCALARS.items()}
+    stop_rows, bad_rows = _strings(request, "stop_words", batch), _strings(request, "bad_words", batch)
+    out = []
+    for b, raw in enumerate(text.reshape(-1)):
+        v = {k: col[b] for k, col in columns.items()}
+        where = f" (batch row {b})" if batch > 1 else ""
+        prompt = decode_utf8(raw, "text_input") if isinstance(raw, bytes) else str(raw)
+        if v["beam_width"] not in (None, 1):
+            raise RequestError(f"beam_width {v['beam_width']} is not supported (only 1){where}")
+        n = 1 if v["num_return_sequences"] is None else v["num_return_sequences"]
+        if not 1 <= n <= MAX_RETURN_SEQUENCES:
+            raise RequestError(f"num_return_sequences must be between 1 and {MAX_RETURN_SEQUENCES}, got {n}{where}")
+        if None not in (v["min_length"], v["min_tokens"]) and v["min_length"] != v["min_tokens"]:
+            raise RequestError(f"min_length {v['min_length']} and min_tokens {v['min_tokens']} disagree (they are "
+                               f"the same setting){where}")
+        min_length = v["min_length"] if v["min_length"] is not None else v["min_tokens"]
+        penalties = Penalties(
+            repetition_penalty=1.0 if v["repetition_penalty"] is None else v["repetition_penalty"],
+            presence_penalty=0.0 if v["presence_penalty"] is None else v["presence_penalty"],
+            frequency_penalty=0.0 if v["frequency_penalty"] is None else v["frequency_penalty"],
+            min_length=0 if min_length is None else min_length, bad_words=tuple(w for w in bad_rows[b] if w))
+        sampling = SamplingParams(temperature=v["temperature"] if v["temperature"] is not None else 0.0,
+                                  top_k=v["top_k"] or 0, top_p=v["top_p"] if v["top_p"] is not None else 1.0)
+        # TensorRT-LLM treats top_k=1 as greedy; so do we (exactly the same tokens).
+        if sampling.top_k == 1:
+            sampling = SamplingParams()
+        chat = v["apply_chat_template"]
+        for s in range(n):  # sequence s samples with seed + s when a seed is given
+            seed = None if v["random_seed"] is None else (v["random_seed"] + s) % (1 << 64)
+            out.append((GenerationRequest(
+                prompt=prompt,
+                max_tokens=v["max_tokens"] if v["max_tokens"] is not None else cfg.default_max_tokens,
+                sampling=sampling, seed=seed, stop_words=[w for w in stop_rows[b] if w], end_id=v["end_id"],
+                stream=bool(v["stream"]), exclude_input_in_output=bool(v["exclude_input_in_output"]),
+                apply_chat_template=cfg.chat_template_default if chat is None else chat, penalties=penalties,
+                return_log_probs=bool(v["return_log_probs"]), return_perf_metrics=bool(v["return_perf_metrics"])),
+                b if batch > 1 else None, s if n > 1 else None))
+    return out
+
+
+class ResponseGroup:
+    """The generations of one Triton request (batch rows x num_return_sequences) share its response
+    sender: only the last generation to finish sends the final flag. An error response closes the
+    request at once; a later send from a sibling raises (the loop then cancels that sibling)."""
+
+    def __init__(self, sender, count: int):
+        self.sender, self.left, self.closed = sender, count, False
+        self.lock = threading.Lock()
+
+    def send(self, response, flags: int = 0) -> None:
+        with self.lock:
+            if self.closed:
+                raise RuntimeError("the request already ended")
+            if response.has_error():
+                self.closed = True
+            elif flags & FINAL:
+                self.left -= 1
+                self.closed = self.left == 0
+            self.sender.send(response, flags=FINAL if self.closed else 0)
+
+    def is_cancelled(self) -> bool:
+        return self.sender.is_cancelled()
+
+
+PERF_OUTPUTS = {"acceptance_rate": np.float32, "total_draft_tokens": np.int32, "total_accepted_draft_tokens": np.int32,
+                "arrival_time_ns": np.int64, "first_scheduled_time_ns": np.int64, "first_token_time_ns": np.int64,
+                "last_token_time_ns": np.int64}
+KV_OUTPUTS = ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks")
+
+
+def chunk_outputs(chunk: Chunk, batch_index=None, sequence_index=None) -> dict:
+    """A response's output tensors {name: ndarray}. TensorRT-LLM's outputs that our first ones
+    lack carry its batch dimension, as its clients read them (x[0][0]): cum_log_probs [1, 1] and
+    output_log_probs [1, 1, n] (batch, beam, tokens), batch_index, sequence_index, perf metrics [1, 1]."""
+    out = {"text_output": np.array([chunk.text.encode("utf-8")], dtype=np.object_)}
+    for name in ("num_input_tokens", "num_output_tokens", "num_draft_tokens", "num_accepted_tokens"):
+        out[name] = np.array([getattr(chunk, name)], dtype=np.int32)
+    if chunk.finish_reason:
+        out["finish_reason"] = np.array([chunk.finish_reason.encode()], dtype=np.object_)
+    if chunk.output_log_probs is not None:
+        out["cum_log_probs"] = np.array([[chunk.cum_log_prob]], dtype=np.float32)
+        out["output_log_probs"] = np.array(chunk.output_log_probs, dtype=np.float32).reshape(1, 1, -1)
+    if chunk.perf is not None:
+        out.update({k: np.array([[chunk.perf[k]]], dtype=t) for k, t in PERF_OUTPUTS.items()})
+        # TensorRT-LLM's KV-cache block reuse counters: no block is shared between our requests
+        out.update({k: np.array([[0]], dtype=np.int32) for k in KV_OUTPUTS})
+    if batch_index is not None:
+        out["batch_index"] = np.array([[batch_index]], dtype=np.int32)
+    if sequence_index is not None:
+        out["sequence_index"] = np.array([[sequence_index]], dtype=np.int32)
+    return out
 
 
 class TritonSink:
-    """Sends a sequence's chunks through the request's response sender."""
+    """Sends a sequence's chunks through the request's response sender (or its ResponseGroup)."""
 
-    def __init__(self, sender):
-        self.sender = sender
+    def __init__(self, sender, requests=None, batch_index=None, sequence_index=None):
+        self.sender, self.batch_index, self.sequence_index = sender, batch_index, sequence_index
+        self.requests = requests  # backend.metrics.RequestLog: error reasons, answered token counts, latencies
+        self.received_s, self.first_s = time.monotonic(), None
 
     def send(self, chunk: Chunk, final: bool) -> None:
-        outputs = [pb_utils.Tensor("text_output", np.array([chunk.text.encode("utf-8")], dtype=np.object_))]
-        for name in ("num_input_tokens", "num_output_tokens", "num_draft_tokens", "num_accepted_tokens"):
-            outputs.append(pb_utils.Tensor(name, np.array([getattr(chunk, name)], dtype=np.int32)))
-        if chunk.finish_reason:
-            outputs.append(pb_utils.Tensor("finish_reason", np.array([chunk.finish_reason.encode()], dtype=np.object_)))
+        outputs = [pb_utils.Tensor(k, v) for k, v in chunk_outputs(chunk, self.batch_index, self.sequence_index).items()]
         self.sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=FINAL if final else 0)
+        if self.requests is not None:
+            now = time.monotonic()
+            self.first_s = self.first_s or now - self.received_s
+            if final:
+                self.requests.answered(chunk.num_input_tokens, chunk.num_output_tokens, self.first_s,
+                                       now - self.received_s)
 
     def error(self, message: str, code=INTERNAL) -> None:
         """A final error response; the loop's own failures (after admission) are server faults."""
         self.sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, code))),
                          flags=FINAL)
+        if self.requests is not None:  # Triton counts this request a success: count it ourselves
+            self.requests.error(code)
 
     def cancelled(self) -> bool:
         return self.sender.is_cancelled()
 
 
-class MetricsPublisher:
-    """Mirrors the loop's counters into Triton's Prometheus metrics (port --metrics-port).
+class DrainWatcher:
+    """Shutdown begins when the launcher (backend/launcher.py) writes the file named by
+    SPECSERVE_DRAIN_FILE, holding the seconds in-flight requests may still run. From then on
+    the model refuses new requests on every protocol (UNAVAILABLE, "server shutting down"),
+    and the loop lets those in flight finish for that long, then fails the rest; once nothing
+    is in flight it writes `<file>.done`, so the launcher stops Triton without waiting longer."""
 
-    Published from a side thread a few times a second, not per step: each update is
-    an IPC round trip to the server, which the step's hot path should not pay.
-    """
-
-    COUNTERS = {  # metric name -> (LoopStats field, help)
-        "specserve_steps_total": ("steps", "speculative steps run"),
-        "specserve_step_sequences_total": ("sequence_steps", "sum over steps of the running batch size"),
-        "specserve_tokens_emitted_total": ("emitted", "tokens emitted by steps (excludes each request's first token)"),
-        "specserve_tokens_drafted_total": ("drafted", "draft tokens proposed"),
-        "specserve_tokens_accepted_total": ("accepted", "draft tokens accepted"),
-        "specserve_requests_finished_total": ("finished", "requests finished (stop or length)"),
-        "specserve_requests_cancelled_total": ("cancelled", "requests cancelled by the client"),
-        "specserve_drafter_errors_total": ("drafter_errors", "drafter failures (fell back to plain decoding)"),
-        "specserve_preemptions_total": ("preemptions", "sequences preempted for lack of KV blocks (recomputed later)"),
-        "specserve_memory_gamma_cuts_total": ("memory_gamma_cuts", "steps whose drafts were dropped for lack of KV blocks"),
-        "specserve_drafter_parks_total": ("drafter_parks", "model drafters parked to give their memory to the KV pool"),
-        "specserve_drafter_reloads_total": ("drafter_reloads", "model drafter reloads started"),
-    }
-    PHASES = ("prefill", "draft", "verify", "accept", "io", "step")
-
-    def __init__(self, loop, period_s: float = 0.2):
-        self.loop, self.period_s = loop, period_s
+    def __init__(self, path: str, loop, period_s: float = 0.05):
+        self.path, self.loop, self.period_s = Path(path), loop, period_s
+        self.draining = False
         self._stop = threading.Event()
-        counter, gauge = pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.GAUGE
-        self.families = []
-        self.counters = {}
-        for name, (field, help_) in self.COUNTERS.items():
-            fam = pb_utils.MetricFamily(name=name, description=help_, kind=counter)
-            self.families.append(fam)
-            self.counters[field] = [fam.Metric(labels={}), 0]
-        fam = pb_utils.MetricFamily(name="specserve_phase_seconds_total", kind=counter,
-                                    description="engine-loop wall time by phase (step = whole steps)")
-        self.families.append(fam)
-        for ph in self.PHASES:
-            self.counters[f"{ph}_time_s"] = [fam.Metric(labels={"phase": ph}), 0.0]
-        fam = pb_utils.MetricFamily(name="specserve_sequences", kind=gauge,
-                                    description="sequences by state (running hold a batch slot and KV cache)")
-        self.families.append(fam)
-        self.gauges = {st: fam.Metric(labels={"state": st}) for st in ("running", "waiting")}
-        fam = pb_utils.MetricFamily(name="specserve_kv_blocks", kind=gauge,
-                                    description="KV cache blocks (16 tokens) by state; the pool grows when a drafter is parked")
-        self.families.append(fam)
-        self.kv_gauges = {st: fam.Metric(labels={"state": st}) for st in ("free", "total")}
-        self.thread = threading.Thread(target=self._run, name="metrics", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="drain-watch", daemon=True)
         self.thread.start()
-
-    def publish(self) -> None:
-        stats = self.loop.stats
-        for field, entry in self.counters.items():
-            value = getattr(stats, field)
-            if value > entry[1]:
-                entry[0].increment(value - entry[1])
-                entry[1] = value
-        self.gauges["running"].set(len(self.loop.running))
-        self.gauges["waiting"].set(len(self.loop.waiting) + self.loop.inbox.qsize())
-        self.kv_gauges["free"].set(self.loop.pool.num_free)
-        self.kv_gauges["total"].set(self.loop.pool.num_blocks)
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
             try:
-                self.publish()
+                if not self.draining:
+                    try:
+                        text = self.path.read_text().strip()
+                    except OSError:
+                        continue
+                    try:
+                        seconds = float(text or 0)
+                    except ValueError:
+                        seconds = 0.0
+                    self.draining = True
+                    log.warning("shutdown: refusing new requests; in-flight ones have %.1f s to finish", seconds)
+                    if hasattr(self.loop, "drain"):
+                        self.loop.drain(seconds)
+                elif getattr(self.loop, "idle", True):
+                    self.path.with_name(self.path.name + ".done").write_text("drained\n")
+                    log.warning("shutdown: nothing in flight")
+                    return
             except Exception:
-                log.exception("publishing metrics failed")
+                log.exception("drain watcher failed")
 
     def stop(self) -> None:
         self._stop.set()
@@ -196,18 +271,35 @@ class TritonPythonModel:
         self.cfg = ServerConfig.load(params)
         log.info("config: %s", self.cfg)
         self.loop = build_service(self.cfg, self.root)
-        self.loop.start()
-        self.metrics = None
-        if isinstance(self.loop, EngineLoop):
-            self.metrics = MetricsPublisher(self.loop)
+        self.metrics, self.requests = None, None
+        if isinstance(self.loop, EngineLoop):  # both engines of our loop (llama.cpp, torch)
+            self.requests = RequestLog()
+            self.metrics = MetricsPublisher(self.loop, pb_utils, args["model_name"], args["model_version"],
+                                            self.requests)
         else:
-            log.warning("the specserve_* metrics are not yet published for engine=%s", self.cfg.engine)
+            log.warning("the specserve_* and nv_trt_llm_* metrics are not yet published for engine=%s",
+                        self.cfg.engine)
+        self.loop.start()  # after the publisher hooked the loop's step outcomes
+        drain_file = os.environ.get("SPECSERVE_DRAIN_FILE")
+        self.drain = DrainWatcher(drain_file, self.loop) if drain_file else None
 
     def execute(self, requests):
         for request in requests:
-            sink = TritonSink(request.get_response_sender())
+            sink = TritonSink(request.get_response_sender(), self.requests)
+            if self.drain is not None and self.drain.draining:  # shutdown began: no new work
+                sink.error(f"{SHUTDOWN_PREFIX}: not accepting new requests; retry on another server or later",
+                           UNAVAILABLE)
+                continue
             try:
-                self.loop.submit(_convert(request, self.cfg), sink)
+                generations = _convert(request, self.cfg)
+                if len(generations) > 1:  # a batch, or num_return_sequences: one response sender for all
+                    limits = getattr(getattr(self.loop, "cfg", None), "limits", None)
+                    for gen, _, _ in generations:  # refuse the request before any generation starts
+                        if limits is not None:
+                            validate(gen, limits)
+                    sink.sender = ResponseGroup(sink.sender, len(generations))
+                for gen, b, s in generations:
+                    self.loop.submit(gen, TritonSink(sink.sender, self.requests, b, s))
             except RequestError as e:  # the client's mistake: HTTP 400
                 sink.error(str(e), INVALID_ARG)
             except Overloaded as e:  # HTTP 503: retry later
@@ -218,6 +310,8 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
+        if self.drain is not None:
+            self.drain.stop()
         if self.metrics is not None:
             self.metrics.stop()
         self.loop.stop()

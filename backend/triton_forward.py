@@ -30,6 +30,7 @@ log = logging.getLogger("specserve.unary")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 TEXT = "text_output"
 OVERLOADED_PREFIX, INTERNAL_PREFIX = "server overloaded", "internal error"  # backend/edge.py's
+SHUTDOWN_PREFIX = "server shutting down"  # backend/request.py
 
 
 def error_code(code, message: str):
@@ -37,7 +38,7 @@ def error_code(code, message: str):
     after 2.51), else from the message (backend/triton_adapter.py's kinds)."""
     if code != pb_utils.TritonError.INTERNAL:
         return code
-    if message.startswith(OVERLOADED_PREFIX):
+    if message.startswith((OVERLOADED_PREFIX, SHUTDOWN_PREFIX)):
         return pb_utils.TritonError.UNAVAILABLE
     if message.startswith(INTERNAL_PREFIX) or "not ready" in message or "unknown model" in message:
         return pb_utils.TritonError.INTERNAL
@@ -48,18 +49,50 @@ def _flag(tensor) -> bool:
     return tensor is not None and tensor.size > 0 and bool(tensor.reshape(-1)[0])
 
 
-def join_responses(outputs: list, prefix: bytes = b"") -> dict:
-    """One request's responses (each {name: ndarray}, in order) as one: `prefix` and the
-    text_outputs concatenated, every other output from the last response that has it."""
-    joined, texts = {}, [prefix]
+def _index(out: dict, name: str) -> int:
+    arr = out.get(name)
+    return 0 if arr is None else int(np.asarray(arr).reshape(-1)[0])
+
+
+def _join_one(outputs: list, prefix: bytes) -> dict:
+    """One generation's responses: `prefix` and the text_outputs concatenated, output_log_probs
+    concatenated along its token axis, every other output from the last response that has it."""
+    joined, texts, log_probs = {}, [prefix], []
     for out in outputs:
         for name, arr in out.items():
             if name == TEXT:
                 texts.extend(x if isinstance(x, bytes) else str(x).encode() for x in np.asarray(arr).reshape(-1))
+            elif name == "output_log_probs":
+                log_probs.append(np.asarray(arr, dtype=np.float32).reshape(-1))
             else:
                 joined[name] = arr
     joined[TEXT] = np.array([b"".join(texts)], dtype=np.object_)
+    if log_probs:
+        joined["output_log_probs"] = np.concatenate(log_probs).reshape(1, 1, -1)
     return joined
+
+
+def join_responses(outputs: list, prefix=b"") -> dict:
+    """One request's responses (each {name: ndarray}, in order) as one. The generations of a
+    batch (batch_index) or of num_return_sequences (sequence_index) are joined each on its own
+    (prefix: bytes, or a list of them by batch row) and stacked in (batch, sequence) order along
+    the first axis; output_log_probs padded with zeros to the longest."""
+    groups: dict = {}
+    for out in outputs:
+        groups.setdefault((_index(out, "batch_index"), _index(out, "sequence_index")), []).append(out)
+    prefixes = prefix if isinstance(prefix, list) else None
+    joined = [_join_one(groups[key], prefixes[key[0]] if prefixes else prefix) for key in sorted(groups)]
+    if len(joined) == 1:
+        return joined[0]
+    out = {}
+    for name in joined[0]:
+        arrays = [np.asarray(j[name]) for j in joined if name in j]
+        if name == "output_log_probs":
+            longest = max(a.shape[-1] for a in arrays)
+            arrays = [np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, longest - a.shape[-1])]) for a in arrays]
+        if len(arrays) == len(joined):
+            out[name] = np.concatenate(arrays, axis=0)
+    return out
 
 
 class TritonPythonModel:
@@ -87,6 +120,8 @@ class TritonPythonModel:
                     text = values.get("text_input")  # llm refuses a missing, empty or non-UTF-8 one
                     if text is not None and text.size == 1 and isinstance(text.reshape(-1)[0], bytes):
                         prefix = text.reshape(-1)[0]
+                    elif text is not None and text.size > 1:  # a batch: each row's own prompt
+                        prefix = [x if isinstance(x, bytes) else b"" for x in text.reshape(-1)]
                 values["stream"] = np.ones_like(values["stream"]) if "stream" in values else np.array([[True]])
                 inputs = [pb_utils.Tensor(name, arr) for name, arr in values.items()]
             except Exception:

@@ -12,9 +12,12 @@ The model cache is a volume mounted at /cache (models/, drafters/, profiles/); t
 model_repository/llm/config.pbtxt and configs/policies/*.yaml resolves unchanged. The Triton
 binaries stay in the image (`<project>/.cache/triton`), never in the volume.
 
-`serve` reuses backend/launcher.py's command line and environment, with one difference: inside a
-container Triton must listen on all interfaces (SPECSERVE_BIND_ADDRESS, default 0.0.0.0), or the
-published ports would reach nothing; docker/docker-compose.yml publishes them on the host's
+`serve` runs the same server as scripts/serve.sh: backend/launcher.py, the supervisor (drain on
+SIGTERM, Triton restarted if it dies, leftovers cleaned) with the HTTP edge (limits, admin key)
+in front of Triton, never a bare tritonserver with its own HTTP port public. The one difference:
+inside a container the edge, gRPC and metrics listen on all interfaces (SPECSERVE_BIND_ADDRESS,
+default 0.0.0.0), or the published ports would reach nothing; Triton's own HTTP stays on the
+container's loopback behind the edge. docker/docker-compose.yml publishes the ports on the host's
 127.0.0.1 only.
 """
 from __future__ import annotations
@@ -27,7 +30,6 @@ from pathlib import Path
 
 ROOT = Path(os.environ.get("SPECSERVE_ROOT") or Path(__file__).resolve().parents[1])
 DEFAULT_MODEL = "smollm2-135m-instruct"
-ADDRESS_FLAGS = ("--http-address=", "--grpc-address=", "--metrics-address=")
 
 
 def log(msg: str) -> None:
@@ -38,13 +40,12 @@ def env_int(name: str, default: int) -> int:
     return int(os.environ.get(name) or default)
 
 
-def bind_all(cmd: list, address: str) -> list:
-    """The launcher's tritonserver command with every listen address replaced by `address`."""
-    out = []
-    for arg in cmd:
-        flag = next((f for f in ADDRESS_FLAGS if arg.startswith(f)), None)
-        out.append(flag + address if flag else arg)
-    return out
+def serve_command() -> list:
+    """The supervisor's command line (backend/launcher.py), listening on SPECSERVE_BIND_ADDRESS."""
+    return [sys.executable, "-m", "backend.launcher", f"--http-port={env_int('HTTP_PORT', 8000)}",
+            f"--grpc-port={env_int('GRPC_PORT', 8001)}", f"--metrics-port={env_int('METRICS_PORT', 8002)}",
+            f"--model-repository={ROOT / 'model_repository'}",
+            f"--bind-address={os.environ.get('SPECSERVE_BIND_ADDRESS') or '0.0.0.0'}"]
 
 
 def checkpoint() -> Path:
@@ -53,8 +54,6 @@ def checkpoint() -> Path:
 
 
 def serve() -> int:
-    from backend.launcher import Ports, server_command, server_env
-
     if os.environ.get("SPECSERVE_AUTO_PREPARE") == "1":
         prepare()
     ckpt = checkpoint()
@@ -63,11 +62,10 @@ def serve() -> int:
             f"mounted at /cache; models live in /cache/models/<name>), mount a cache made by "
             f"scripts/setup.sh (SPECSERVE_CACHE=../.cache), or, on the CPU image, run `prepare` once.")
         return 2
-    ports = Ports(env_int("HTTP_PORT", 8000), env_int("GRPC_PORT", 8001), env_int("METRICS_PORT", 8002))
-    cmd = bind_all(server_command(ROOT / "model_repository", ports),
-                   os.environ.get("SPECSERVE_BIND_ADDRESS") or "0.0.0.0")
-    log(f"serving {ckpt} on HTTP {ports.http}, gRPC {ports.grpc}, metrics {ports.metrics}")
-    os.execve(cmd[0], cmd, server_env())
+    cmd = serve_command()
+    log(f"serving {ckpt}: {' '.join(cmd)}")
+    os.chdir(ROOT)  # the launcher is PID 1's successor: it gets docker's SIGTERM and drains
+    os.execv(cmd[0], cmd)
     return 1  # not reached
 
 

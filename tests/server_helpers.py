@@ -28,14 +28,26 @@ class Server:
             return status, [json.loads(line[5:]) for line in body.splitlines() if line.startswith("data:")]
         return status, json.loads(body)
 
-    def metrics(self) -> dict:
+    def samples(self) -> list:
+        """Every sample on the metrics port: (name, {label: value}, value)."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.ports.metrics}/metrics", timeout=10) as r:
             text = r.read().decode()
-        out = {}
+        out = []
         for line in text.splitlines():
-            m = re.match(r"^(specserve_\w+(?:\{[^}]*\})?) ([0-9.e+-]+)$", line)
+            m = re.match(r"^(\w+)(?:\{([^}]*)\})? (\S+)$", line)
             if m:
-                out[m.group(1)] = float(m.group(2))
+                labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+                out.append((m.group(1), labels, float(m.group(3))))
+        return out
+
+    def metrics(self) -> dict:
+        """The specserve_* samples keyed `name{label="value",...}` without the model / version
+        labels every series carries (only the model `llm` publishes them)."""
+        out = {}
+        for name, labels, value in self.samples():
+            if name.startswith("specserve_"):
+                rest = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()) if k not in ("model", "version"))
+                out[name + (f"{{{rest}}}" if rest else "")] = value
         return out
 
     def wait_metric(self, name: str, predicate, timeout: float = 30.0) -> float:

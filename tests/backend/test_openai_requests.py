@@ -30,6 +30,8 @@ def test_fields():
     ({"model": "llm", "messages": MSG, "logprobs": True}, "logprobs", "logprobs is not supported"),
     ({"model": "llm", "messages": MSG, "tools": [{"type": "function"}]}, "tools", "tools is not supported"),
     ({"model": "llm", "messages": MSG, "n": 9}, "n", "n must be between 1 and 8"),
+    ({"model": "llm", "messages": MSG, "presence_penalty": 2.5}, "presence_penalty", "between -2.0 and 2.0"),
+    ({"model": "llm", "messages": MSG, "frequency_penalty": "x"}, "frequency_penalty", "must be a number"),
     ({"model": "llm", "messages": MSG, "top_p": "high"}, "top_p", "top_p must be a number"),
     ({"model": "llm", "messages": MSG, "seed": -1}, "seed", "seed must be between 0"),
     ({"model": "llm", "messages": MSG, "stop": ["a", ""]}, "stop", "stop must be"),
@@ -43,6 +45,13 @@ def test_chat_refusals_name_the_field(body, param, words):
     with pytest.raises(ApiError, match=words.replace("[", r"\[")) as e:
         parse_chat(body)
     assert e.value.status == 400 and e.value.param == param
+
+
+def test_penalties_are_passed_on():
+    p, _ = parse_chat({"model": "llm", "messages": MSG, "presence_penalty": 0.5, "frequency_penalty": -1})
+    assert (p["presence_penalty"], p["frequency_penalty"]) == (0.5, -1.0)
+    p, _, _ = parse_completion({"model": "llm", "prompt": "x", "frequency_penalty": 2})
+    assert p["frequency_penalty"] == 2.0 and p["presence_penalty"] is None
 
 
 def test_completion_refusals():

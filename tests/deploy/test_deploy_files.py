@@ -10,8 +10,8 @@
   schemas (kubernetes-validate, shipped offline) for the oldest and newest versions it carries; the
   ServiceMonitor (a CRD) against a minimal schema of the fields used; the tensor-parallel overlay
   applied and validated; the references between objects (selectors, port names, the HPA metric
-  and the prometheus-adapter rule, the metric's name in backend/triton_adapter.py).
-* docker/entrypoint.py: the health check against a local HTTP server, the listen-address rewrite.
+  and the prometheus-adapter rule, the metric's name in backend/metrics.py).
+* docker/entrypoint.py: the health check against a local HTTP server, the supervisor command `serve` runs.
 """
 from __future__ import annotations
 
@@ -398,16 +398,31 @@ def entrypoint():
     return module
 
 
-def test_entrypoint_listens_on_all_interfaces_inside_the_container(entrypoint):
-    cmd = ["tritonserver", "--model-repository=/m", "--http-address=127.0.0.1", "--http-port=8000",
-           "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1", "--log-verbose=0"]
-    assert entrypoint.bind_all(cmd, "0.0.0.0") == [
-        "tritonserver", "--model-repository=/m", "--http-address=0.0.0.0", "--http-port=8000",
-        "--grpc-address=0.0.0.0", "--metrics-address=0.0.0.0", "--log-verbose=0"]
-    from backend import launcher
+def test_entrypoint_serves_through_the_launcher_on_all_interfaces(entrypoint, monkeypatch):
+    """`serve` runs the supervisor + HTTP edge (as scripts/serve.sh does), never a bare tritonserver
+    with its own HTTP port public; inside the container it listens on all interfaces."""
+    import sys
+    for name in ("SPECSERVE_BIND_ADDRESS", "HTTP_PORT", "GRPC_PORT", "METRICS_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    cmd = entrypoint.serve_command()
+    assert cmd[:3] == [sys.executable, "-m", "backend.launcher"]
+    assert not any("tritonserver" in a for a in cmd)
+    assert cmd[3:] == ["--http-port=8000", "--grpc-port=8001", "--metrics-port=8002",
+                       f"--model-repository={entrypoint.ROOT / 'model_repository'}", "--bind-address=0.0.0.0"]
+    monkeypatch.setenv("SPECSERVE_BIND_ADDRESS", "127.0.0.1")
+    monkeypatch.setenv("HTTP_PORT", "9000")
+    cmd = entrypoint.serve_command()
+    assert "--bind-address=127.0.0.1" in cmd and "--http-port=9000" in cmd
+    from backend import launcher  # the launcher reads what the entrypoint passes
+    args = {a.split("=")[0] for a in cmd[3:]}
     src = Path(launcher.__file__).read_text()
-    for flag in entrypoint.ADDRESS_FLAGS:   # the launcher still spells its listen addresses this way
-        assert f'"{flag}127.0.0.1"' in src, flag
+    assert all(f'"{a}"' in src for a in args), args
+    # and its Triton keeps HTTP on loopback (behind the edge) while gRPC and metrics follow --bind-address
+    tcmd = launcher.server_command(Path("/m"), launcher.Ports(8000, 8001, 8002, triton_http=18000), bind="0.0.0.0") \
+        if (launcher.TRITON / "pytriton").exists() else None
+    if tcmd is not None:
+        assert "--http-address=127.0.0.1" in tcmd and "--grpc-address=0.0.0.0" in tcmd
+        assert "--metrics-address=0.0.0.0" in tcmd and "--http-port=18000" in tcmd
 
 
 class _Health(http.server.BaseHTTPRequestHandler):
@@ -586,8 +601,9 @@ def test_hpa_scales_the_deployment_on_the_queue_metric_prometheus_adapter_serves
     assert series.group(1) == "specserve_sequences" and 'state="waiting"' in series.group(2)
     assert 'state="waiting"' in rule["metricsQuery"] and "<<.LabelMatchers>>" in rule["metricsQuery"]
     # the server publishes exactly that gauge and label
-    adapter = (ROOT / "backend" / "triton_adapter.py").read_text()
-    assert 'name="specserve_sequences"' in adapter and '("running", "waiting")' in adapter
+    from backend.metrics import SEQUENCE_STATES
+    assert 'name="specserve_sequences"' in (ROOT / "backend" / "metrics.py").read_text()
+    assert SEQUENCE_STATES == ("running", "waiting")
 
 
 def test_kustomization_lists_every_base_object():

@@ -291,7 +291,7 @@ def test_model_errors_pass_through_the_ensemble(server):
 
 
 # -- one rule for unknown inputs ---------------------------------------------------------------------
-UNKNOWN = "repetition_penalty"
+UNKNOWN = "length_penalty"  # a TensorRT-LLM input we do not serve
 
 
 @pytest.mark.parametrize("model,stream", [("llm", False), ("llm", True), ("ensemble", False)])
