@@ -12,7 +12,7 @@ Three groups, every series labelled `model` and `version` (Triton's model name a
   `nv_inference_request_failure` never sees our refusals.
 
 Importable without Triton: the publisher is handed `triton_python_backend_utils` (or a fake
-in tests). Values are published from a side thread a few times a second, not per step: each
+in tests). Values are published from a side thread twice a second, not per step: each
 update is an IPC round trip to the server that the step's hot path should not pay. The engine
 thread only does a few dict increments per step (`StepStats.observe`).
 """
@@ -148,7 +148,12 @@ class Family:
         return m
 
     def set(self, value, **labels) -> None:
-        self.metric(**labels).set(float(value))
+        """Publishes only a changed value: each call is an IPC round trip to the server, and most
+        gauges (max, tokens per block, drafter states...) rarely change."""
+        key, value = tuple(sorted(labels.items())), float(value)
+        if self.last.get(key) != value or key not in self.series:
+            self.metric(**labels).set(value)
+            self.last[key] = value
 
     def count_to(self, total, **labels) -> None:
         key = tuple(sorted(labels.items()))
@@ -162,7 +167,7 @@ class MetricsPublisher:
     """Publishes the loop's state into Triton's Prometheus metrics (port --metrics-port)."""
 
     def __init__(self, loop, pb, model: str, version: str, requests: Optional[RequestLog] = None,
-                 period_s: float = 0.2, start: bool = True):
+                 period_s: float = 0.5, start: bool = True):
         self.loop, self.period_s = loop, period_s
         self.requests = requests or RequestLog()
         self.steps = StepStats(loop)

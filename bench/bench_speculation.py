@@ -205,10 +205,8 @@ def _stream_client(url, next_prompt, max_tokens, out, stop, limit=None):
 
 
 def _metrics(port):
-    import re
-    import urllib.request
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(specserve_\S+) (\S+)$", text, re.M)}
+    from backend.prometheus_text import scrape, specserve_series
+    return specserve_series(scrape(f"127.0.0.1:{port}"))
 
 
 def _steady_run(ports, requests, conc: int, max_tokens: int, window: float) -> dict:

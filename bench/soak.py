@@ -17,14 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import queue
-import re
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
+
+from backend.prometheus_text import scrape, specserve_series
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["Write a short story about a lighthouse keeper.", "1, 2, 3, 4, 5, 6, 7, 8,",
@@ -96,21 +96,8 @@ def stream_worker(url: str, index: int, until: float, totals: Totals, timeout: f
 
 
 def metrics(address: str) -> dict:
-    """{'name{state="x"}': value} of the specserve_* series (other labels, such as the model's,
-    dropped; series of the llm model only when labelled)."""
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r"^(specserve_\w+)(?:\{([^}]*)\})? ([0-9.e+-]+)$", line)
-        if not m:
-            continue
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
-        if labels.get("model", "llm") != "llm":
-            continue
-        key = m.group(1) + (f'{{state="{labels["state"]}"}}' if "state" in labels else "")
-        out[key] = float(m.group(3))
-    return out
+    """{'name{state="x"}': value} of the specserve_* series (model / version labels dropped)."""
+    return specserve_series(scrape(address))
 
 
 def model_stub_pid(grpc_port: int) -> int | None:

@@ -1,10 +1,10 @@
 """A real Triton server started for tests, and a small client for it."""
 import json
-import re
 import time
 import urllib.request
 from contextlib import contextmanager
 
+from backend import prometheus_text
 from backend.launcher import start_server
 
 
@@ -30,25 +30,11 @@ class Server:
 
     def samples(self) -> list:
         """Every sample on the metrics port: (name, {label: value}, value)."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports.metrics}/metrics", timeout=10) as r:
-            text = r.read().decode()
-        out = []
-        for line in text.splitlines():
-            m = re.match(r"^(\w+)(?:\{([^}]*)\})? (\S+)$", line)
-            if m:
-                labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
-                out.append((m.group(1), labels, float(m.group(3))))
-        return out
+        return prometheus_text.samples(prometheus_text.scrape(f"127.0.0.1:{self.ports.metrics}"))
 
     def metrics(self) -> dict:
-        """The specserve_* samples keyed `name{label="value",...}` without the model / version
-        labels every series carries (only the model `llm` publishes them)."""
-        out = {}
-        for name, labels, value in self.samples():
-            if name.startswith("specserve_"):
-                rest = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()) if k not in ("model", "version"))
-                out[name + (f"{{{rest}}}" if rest else "")] = value
-        return out
+        """The specserve_* samples keyed `name{label="value",...}` without the model / version labels."""
+        return prometheus_text.specserve_series(prometheus_text.scrape(f"127.0.0.1:{self.ports.metrics}"))
 
     def wait_metric(self, name: str, predicate, timeout: float = 30.0) -> float:
         deadline = time.time() + timeout

@@ -21,7 +21,11 @@ one constraint: llama.cpp splits a batch into micro-batches of consecutive seque
 ids with the same number of tokens each, so a ragged verification batch (sequences
 verifying different numbers of drafts) becomes several passes over the weights.
 `pad_ragged` pads short sequences of a step to the longest with throw-away tokens
-(their cells are removed right after), which keeps one pass per step.
+(their cells are removed right after), which keeps one pass per step -- when that is
+cheaper: a pass costs about UBATCH_COST_TOKENS tokens' worth of compute on top of its
+tokens, so a step where one sequence in 32 verifies drafts is split (one extra small
+pass) rather than padded (every sequence computing the drafts' positions), and a step
+where half of them do, alternating, is padded (`ubatches`, `_pad_pays`).
 """
 from __future__ import annotations
 
@@ -45,6 +49,47 @@ log = logging.getLogger("specserve.llama_cpp")
 KV_TYPES = {"q8_0": 8, "bf16": 30, "f16": 1}  # ggml type ids of the KV cache element types
 KV_BYTES = {"q8_0": 34 / 32, "bf16": 2.0, "f16": 2.0}  # bytes per cached value (Q8_0: 32 int8 + one f16 scale)
 PAD_RAGGED_MAX = 16  # pad steps whose longest sequence has at most this many tokens (verification), not prefill
+# A micro-batch's fixed cost in tokens' worth of its per-token cost: 2-core AVX-512 EPYC, Q8_0,
+# 256 cached tokens (2026-11-24): 8 x 1 tokens 32 ms, 32 x 1 98 ms, 8 x 3 76 ms -> ~2.75 ms a
+# token plus ~10 ms a pass. Only the choice between padding and splitting reads it.
+UBATCH_COST_TOKENS = 4
+
+
+def ubatches(slots: Sequence[int], lens: Sequence[int]) -> int:
+    """How many micro-batches llama.cpp makes of a step without padding (slots in increasing
+    order, lens their token counts): each takes one run of consecutive sequence ids that
+    still have tokens, the same number from each, until one of them runs out.
+
+    >>> ubatches([0, 1, 2, 3], [1, 1, 1, 1]), ubatches([0, 1, 2, 3], [3, 1, 1, 1]), ubatches([0, 1, 2, 3], [3, 1, 3, 1])
+    (1, 2, 3)
+    >>> ubatches([0, 1, 2, 3], [1, 3, 3, 1]), ubatches([0, 2], [1, 1])   # slot 1 not in the step: two runs
+    (2, 2)
+    """
+    rem, count = list(lens), 0
+    while any(rem):
+        i = 0
+        while i < len(rem):
+            if not rem[i]:
+                i += 1
+                continue
+            j = i + 1
+            while j < len(rem) and rem[j] and slots[j] == slots[j - 1] + 1:
+                j += 1
+            m = min(rem[i:j])
+            rem[i:j] = [r - m for r in rem[i:j]]
+            count += 1
+            i = j
+    return count
+
+
+def _pad_pays(slots: Sequence[int], lens: Sequence[int]) -> bool:
+    """Padding to the longest costs its throw-away tokens; splitting costs its extra passes.
+
+    >>> _pad_pays(list(range(8)), [3] + [1] * 7), _pad_pays(list(range(8)), [3, 1] * 4)
+    (False, True)
+    """
+    pad_tokens = max(lens) * len(lens) - sum(lens)
+    return pad_tokens > 0 and (ubatches(slots, lens) - 1) * UBATCH_COST_TOKENS > pad_tokens
 
 
 def gguf_entry(checkpoint: Path) -> Optional[dict]:
@@ -205,7 +250,11 @@ class LlamaCpp:
             self._seq_rm(slot, st)
         # llama.cpp forms micro-batches from consecutive sequence ids: feed them in slot order.
         order = sorted(range(len(slots)), key=lambda b: slots[b])
-        pad_to = max(lens) if self.pad_ragged and max(lens) <= PAD_RAGGED_MAX else 0
+        pad_to = 0
+        if self.pad_ragged and max(lens) <= PAD_RAGGED_MAX and min(lens) < max(lens):
+            in_order = [slots[b] for b in order]
+            if len(set(in_order)) == len(in_order) and _pad_pays(in_order, [lens[b] for b in order]):
+                pad_to = max(lens)
         cells = self._cells_per_slot
         padded = [max(n, min(pad_to, cells - st)) for n, st in zip(lens, starts)]  # padding stays in the stream
         if sum(padded) <= self.n_batch:
