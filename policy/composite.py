@@ -243,10 +243,12 @@ class Composite(Policy):
         ctx, c, times, is_model = step.ctx, self.cfg, self.times, step.is_model
         b, bucket, ctx_len, seqs = ctx.batch_size, step.bucket, step.ctx_len, ctx.sequences
         names = set(picks.drafters)
-        cand = None  # positions that can draft (lookahead): all when None
+        cand = None  # positions that can draft, when the drafts were looked ahead
         if None in names:
             cand = [i for i, d in enumerate(picks.drafters) if d is not None]
             names.discard(None)
+        elif seqs and seqs[0].available is not None:
+            cand = list(range(b))
         model = ([is_model[next(iter(names))]] * b if len(names) == 1 and cand is None else
                  [d is not None and is_model[d] for d in picks.drafters])
         n_model = sum(model)
@@ -265,7 +267,8 @@ class Composite(Policy):
         else:
             plan = plan_step([picks.alphas[i] for i in cand], [model[i] for i in cand],
                              self._row(step, len(cand), n_model), step_time, step.bonus, ctx.tpot_slo_s, amortised,
-                             dynamic_depth=c.dynamic_depth, batch=b)
+                             dynamic_depth=c.dynamic_depth, batch=b, caps=[self._ready_len(seqs[i], picks.drafters[i],
+                                                                                            is_model) for i in cand])
             plan = plan._replace(keep=frozenset(cand[j] for j in plan.keep))
         if explore_model and plan.n_model:
             kept = [min(o, 0.99) if m else a
@@ -273,6 +276,12 @@ class Composite(Policy):
             row_k = self._row(step, len(kept), plan.n_model)
             plan = plan._replace(index=optimistic_goodput(kept, b, row_k, ctx.tpot_slo_s, amortised))
         return _Candidate(picks, plan, amortised if plan.n_model else 0.0)
+
+    def _ready_len(self, view, drafter: str, is_model: Dict[str, bool]) -> int:
+        """The most tokens `drafter` can draft for this sequence now: its looked-ahead draft's
+        length (a model drafter, or a drafter nobody looked ahead for: gamma_max)."""
+        n = view.available.get(drafter) if view.available is not None and not is_model[drafter] else None
+        return self.cfg.gamma_max if n is None else n
 
     def _row(self, step: _Batch, k: int, n_model: int) -> List[float]:
         row = step.rows.get((k, n_model))

@@ -23,18 +23,26 @@ class Plan(NamedTuple):
     index: float  # expected goodput, tokens/s
 
 
-def expected_sums(alphas: Sequence[float], gamma_max: int) -> List[float]:
-    """[sum_i E(alpha_i, g) for g in 0..gamma_max] (geometric model, `goodput.expected_tokens`).
+def expected_sums(alphas: Sequence[float], gamma_max: int, caps: Optional[Sequence[int]] = None) -> List[float]:
+    """[sum_i E(alpha_i, min(g, cap_i)) for g in 0..gamma_max] (geometric model,
+    `goodput.expected_tokens`); caps: the most tokens each sequence's drafter has ready
+    (None: no limit).
 
     >>> [round(x, 4) for x in expected_sums([0.5, 0.5, 0.0], 2)]
     [3.0, 4.0, 4.5]
+    >>> [round(x, 4) for x in expected_sums([0.5, 0.5], 2, caps=[1, 2])]   # the first stops at 1.5
+    [2.0, 3.0, 3.25]
     """
-    # E once per distinct alpha: many sequences share the global one
-    table = {a: [expected_tokens(a, g) for g in range(gamma_max + 1)] for a in set(alphas)}
+    keys = list(alphas) if caps is None else list(zip(alphas, [min(c, gamma_max) for c in caps]))
+    # E once per distinct (alpha, cap): many sequences share the global alpha
+    table = {}
+    for key in set(keys):
+        a, cap = (key, gamma_max) if caps is None else key
+        table[key] = [expected_tokens(a, min(g, cap)) for g in range(gamma_max + 1)]
     if len(table) == 1:
         (row,) = table.values()
-        return [sum([x] * len(alphas)) for x in row]
-    return np.array([table[a] for a in alphas]).sum(axis=0).tolist()
+        return [sum([x] * len(keys)) for x in row]
+    return np.array([table[k] for k in keys]).sum(axis=0).tolist()
 
 
 def optimism_bonus(counts: Sequence[int], total: int, optimism: float) -> List[float]:
@@ -51,14 +59,15 @@ def optimism_bonus(counts: Sequence[int], total: int, optimism: float) -> List[f
 
 def plan_step(alphas: Sequence[float], model: Sequence[bool], times: Sequence[float], step_time: StepTimeFn,
               bonus: Sequence[float], slo: Optional[float], amortised: float, dynamic_depth: bool = False,
-              batch: Optional[int] = None) -> Plan:
+              batch: Optional[int] = None, caps: Optional[Sequence[int]] = None) -> Plan:
     """The plan for a batch whose drafters are already picked.
 
     alphas / model: per sequence that can draft, the acceptance rate of its drafter and
     whether that is a model drafter; batch: the batch size (default len(alphas); the
     others decode plainly); times[g]: predicted step time with every sequence that can
     draft drafting g tokens (times[0]: plain decoding); step_time: the same for other
-    shapes (elimination);
+    shapes (elimination); caps: per sequence that can draft, the most draft tokens it has
+    ready (None: gamma_max): beyond it a longer gamma adds cost, not tokens;
     bonus[g]: optimism for gamma g (`optimism_bonus`); slo: the TPOT target (seconds per
     step, which emits at least one token per sequence), None for none; amortised: the
     model drafter's catch-up time, spread over the steps it serves.
@@ -83,6 +92,9 @@ def plan_step(alphas: Sequence[float], model: Sequence[bool], times: Sequence[fl
     >>> p = plan_step([0.8], [False], [t(3 + g, 0, 0) for g in range(5)], t, [0.0] * 5, None, 0.0, batch=3)
     >>> p.gamma, p.keep, p.n_tokens, round(p.expected, 3)   # one of three can draft
     (4, frozenset({0}), 7, 5.362)
+    >>> plan_step([0.8], [False], [t(3 + g, 0, 0) for g in range(5)], t, [0.0] * 5, None, 0.0, batch=3,
+    ...           caps=[2]).gamma   # its drafter has 2 tokens ready
+    2
     """
     k, gamma_max = len(alphas), len(times) - 1
     b = k if batch is None else batch
@@ -92,7 +104,7 @@ def plan_step(alphas: Sequence[float], model: Sequence[bool], times: Sequence[fl
         best_val = -1.0
     if not k:
         return Plan(0, frozenset(), float(b), b, 0, b / t0)
-    e_sum = [e + (b - k) for e in expected_sums(alphas, gamma_max)]
+    e_sum = [e + (b - k) for e in expected_sums(alphas, gamma_max, caps)]
     for g in range(1, gamma_max + 1):
         t = times[g] + amortised
         if slo is not None and t > slo:
@@ -107,7 +119,7 @@ def plan_step(alphas: Sequence[float], model: Sequence[bool], times: Sequence[fl
     n_model, n_tok = sum(model), b + k * g
     for i in sorted(range(k), key=alphas.__getitem__):  # lowest alpha first
         a, m = alphas[i], model[i]
-        e_new = e_tot - (expected_tokens(a, g) - 1.0)
+        e_new = e_tot - (expected_tokens(a, g if caps is None else min(g, caps[i])) - 1.0)
         n_m = n_model - m
         t_new = step_time(n_tok - g, g if len(keep) > 1 else 0, n_m) + amortised * (n_m > 0)
         if e_new / t_new <= e_tot / t_full:

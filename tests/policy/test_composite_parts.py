@@ -161,3 +161,16 @@ def test_composite_drafts_only_where_a_draft_is_ready_and_learns_from_shadows():
             SequenceOutcome(i, None, 0, 0, 1, shadow=[("ngram", 0, 1)]) for i in range(2)]))
     assert pol.alpha(1, "ngram") < before
     assert pol.acceptance.global_alpha("ngram") < 0.9
+
+
+def test_composite_plans_no_longer_than_the_ready_draft():
+    from policy import make_policy
+    from policy.types import DrafterInfo, SequenceView, StepContext
+
+    pol = make_policy("composite", drafters=["ngram"], prior_alpha=0.95)
+    drafters = [DrafterInfo(name="ngram", is_model=False, resident=True)]
+    view = lambda n: SequenceView(seq_id=0, context_len=100, generated=5, max_new_tokens=64, temperature=0.0,
+                                  available={"ngram": n})
+    long = pol.decide(StepContext(step=0, sequences=[view(8)], drafters=drafters)).arms[0].gamma
+    short = pol.decide(StepContext(step=1, sequences=[view(2)], drafters=drafters)).arms[0].gamma
+    assert long > 2 and short == 2  # beyond 2 ready tokens a longer draft only adds cost
