@@ -89,17 +89,34 @@ class LoopStats:
     drafter_reloads: int = 0
 
 
-def log_probs_of(seq: Sequence, logits: torch.Tensor, p: Optional[torch.Tensor], tokens) -> Optional[List[float]]:
+LOG_PROB_FLOOR = -103.28  # log(1e-45): a token of probability 0 (outside top-k / top-p) stays finite
+
+
+def log_probs_of(seq: Sequence, logits: torch.Tensor, p: Optional[torch.Tensor], tokens) -> Optional[tuple]:
     """return_log_probs: log of each emitted token's probability under the distribution its row
     samples from (row j emits tokens[j]; accepted, recovered or bonus alike): p when sampling,
-    softmax of the processed logits when greedy. None when the request did not ask."""
-    if not seq.request.return_log_probs:
+    softmax of the processed logits when greedy. -> (log probs, top) with top = (ids [n][k],
+    log probs [n][k]), the return_top_log_probs most likely tokens of the same distributions
+    (None when k = 0); None when the request did not ask (it pays nothing)."""
+    req = seq.request
+    if not req.return_log_probs:
         return None
-    rows = torch.arange(len(tokens))
+    n, k = len(tokens), req.return_top_log_probs
+    rows = torch.arange(n)
     ids = torch.tensor(tokens, dtype=torch.long)
     if p is not None:
-        return p[rows, ids].clamp_min(1e-45).log().tolist()
-    return torch.log_softmax(logits[: len(tokens)].float(), dim=-1)[rows, ids].tolist()
+        chosen = p[rows, ids].clamp_min(1e-45).log().tolist()
+        if not k:
+            return chosen, None
+        values, top = p[:n].topk(k, dim=-1)
+        values = values.clamp_min(1e-45).log()
+    else:
+        logp = torch.log_softmax(logits[:n].float(), dim=-1)
+        chosen = logp[rows, ids].tolist()
+        if not k:
+            return chosen, None
+        values, top = logp.topk(k, dim=-1)
+    return chosen, (top.tolist(), values.clamp_min(LOG_PROB_FLOOR).tolist())
 
 
 class EngineLoop:
@@ -324,13 +341,13 @@ class EngineLoop:
             if resumed:
                 continue
             try:
-                first, lp = self._sample_one(seq, logits[i: i + 1])
+                first, lps = self._sample_one(seq, logits[i: i + 1])
             except Exception:
                 log.exception("sampling the first token of sequence %d failed; failing it alone", seq.seq_id)
                 failed.append(seq)
                 continue
             seq.first_token_s = self.clock()
-            seq.append([first], self.cfg.limits.max_context, log_probs=lp)
+            seq.append([first], self.cfg.limits.max_context, log_probs=lps)
         return failed
 
     def _forward(self, slots, starts, tokens, logit_rows=None):
@@ -346,7 +363,7 @@ class EngineLoop:
             d.observe_features(seq.seq_id, start, feats[row: row + n])
 
     def _sample_one(self, seq: Sequence, logits: torch.Tensor):
-        """The first token from the prefill's last row -> (token, [its log prob] or None)."""
+        """The first token from the prefill's last row -> (token, log_probs_of's for it)."""
         if seq.processor is not None:
             logits = seq.processor(logits, seq.tokens, (), seq.generated)
         if seq.request.sampling.greedy:

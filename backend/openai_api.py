@@ -10,9 +10,12 @@ Supported: `messages` (system / developer / user / assistant; text content or te
 `prompt` (a string, or a list of one), `max_tokens` / `max_completion_tokens`, `temperature`
 (default 1, as OpenAI), `top_p`, `presence_penalty` / `frequency_penalty` (-2..2), `seed`, `stop`, `n` (up to MAX_N: n requests in one batch,
 seeds seed, seed+1, ... when a seed is given), `stream` with `stream_options.include_usage`,
-`echo` (completions), `usage`. Anything else is refused with an OpenAI-shaped error naming it
-(`logprobs`, `logit_bias`, `tools`, ... are not served yet: refused rather than ignored, so a client
-never gets output that silently disregards a setting).
+`echo` (completions), `usage`, `logprobs` (chat: true / false with `top_logprobs` 0..20;
+completions: 0..5) in OpenAI's shapes, streaming or not: the log prob of each generated token under
+the distribution it was sampled from and its most likely alternatives (the engine's
+`return_log_probs` / `return_top_log_probs`), token strings by decoding each id alone. Anything else
+is refused with an OpenAI-shaped error naming it (`logit_bias`, `tools`, ... are not served yet:
+refused rather than ignored, so a client never gets output that silently disregards a setting).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from aiohttp import web
 log = logging.getLogger("specserve.openai")
 ROOT = Path(__file__).resolve().parents[1]
 MAX_N = 8
+MAX_TOP_LOGPROBS, MAX_COMPLETION_LOGPROBS = 20, 5  # OpenAI's limits (chat top_logprobs, completions logprobs)
 ENGINE_MODEL = "llm"  # the Triton model every OpenAI request runs on
 OVERLOADED_PREFIX, INTERNAL_PREFIX = "server overloaded", "internal error"
 
@@ -38,7 +42,7 @@ CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "re
                         "tool_choice", "parallel_tool_calls", "metadata", "store", "service_tier"}
 COMPLETION_FIELDS = COMMON | {"prompt", "echo", "best_of", "suffix"}
 # accepted only at the value that changes nothing (OpenAI's default)
-NEUTRAL = {"logprobs": (None, False), "logit_bias": (None, {}), "top_logprobs": (None, 0), "tools": (None, []),
+NEUTRAL = {"logit_bias": (None, {}), "tools": (None, []),
            "tool_choice": (None, "none", "auto"), "parallel_tool_calls": (None, True, False),
            "metadata": (None, {}), "store": (None, False), "service_tier": (None, "auto", "default"),
            "best_of": (None, 1), "suffix": (None, ""), "response_format": (None, {"type": "text"})}
@@ -142,6 +146,13 @@ def parse_chat(body) -> tuple:
     p = parse_common(body, CHAT_FIELDS)
     mct = _integer(body, "max_completion_tokens", 1, 2**31 - 1)
     p["max_tokens"] = mct if mct is not None else _integer(body, "max_tokens", 1, 2**31 - 1)
+    logprobs = body.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise ApiError(400, f"logprobs must be true or false, got {json.dumps(logprobs)[:40]}", "logprobs")
+    top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top is not None and not logprobs:
+        raise ApiError(400, "top_logprobs requires logprobs to be true", "top_logprobs")
+    p["logprobs"], p["top_logprobs"] = bool(logprobs), top or 0
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "messages must be a non-empty list", "messages")
@@ -181,6 +192,10 @@ def parse_completion(body) -> tuple:
     echo = body.get("echo")
     if echo is not None and not isinstance(echo, bool):
         raise ApiError(400, "echo must be true or false", "echo")
+    top = _integer(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
+    if top is not None and echo:
+        raise ApiError(400, "logprobs with echo (the prompt's log probs) is not supported", "logprobs")
+    p["logprobs"], p["top_logprobs"] = top is not None, top or 0
     return p, prompt, bool(echo)
 
 
@@ -210,12 +225,85 @@ class ChatTemplate:
         return self.template.render(messages=messages, add_generation_prompt=True, **self.tokens)
 
 
+def _byte_decoder() -> dict:
+    """GPT-2's byte-level BPE alphabet: character -> the byte it stands for."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+class TokenPieces:
+    """Token id -> (its text decoded alone, its bytes): the raw bytes for a byte-level BPE tokenizer
+    (a token holding part of a UTF-8 character decodes to U+FFFD alone; its bytes join with the
+    next token's), else the text's UTF-8."""
+
+    def __init__(self, checkpoint: Path):
+        path = checkpoint / "tokenizer.json"
+        if path.exists():
+            from tokenizers import Tokenizer
+            self.tok = Tokenizer.from_file(str(path))
+            spec = json.loads(path.read_text()).get("decoder") or {}
+            kinds = {spec.get("type")} | {d.get("type") for d in spec.get("decoders") or []}
+            self.bytes_of = _byte_decoder() if "ByteLevel" in kinds else None
+        else:
+            from transformers import AutoTokenizer
+            self.tok, self.bytes_of = AutoTokenizer.from_pretrained(str(checkpoint)), None
+        self.cache: dict = {}
+
+    def __call__(self, token_id: int) -> tuple:
+        piece = self.cache.get(token_id)
+        if piece is None:
+            text = self.tok.decode([token_id], skip_special_tokens=False)
+            raw = list(text.encode("utf-8"))
+            if self.bytes_of is not None and hasattr(self.tok, "id_to_token"):
+                name = self.tok.id_to_token(token_id) or ""
+                if name and all(c in self.bytes_of for c in name):
+                    raw = [self.bytes_of[c] for c in name]
+            piece = self.cache[token_id] = (text, raw)
+        return piece
+
+
+def chat_logprobs(pieces: TokenPieces, lp: dict) -> dict:
+    """Token ids / log probs / alternatives -> a chat choice's `logprobs` ({content, refusal})."""
+    content = []
+    for j, (token, value) in enumerate(zip(lp["ids"], lp["lps"])):
+        text, raw = pieces(token)
+        top = [{"token": pieces(t)[0], "logprob": v, "bytes": pieces(t)[1]}
+               for t, v in zip(lp["top_ids"][j], lp["top_lps"][j])] if lp["top_ids"] else []
+        content.append({"token": text, "logprob": value, "bytes": raw, "top_logprobs": top})
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(pieces: TokenPieces, lp: dict, offset: int) -> tuple:
+    """-> (a completion choice's `logprobs` {tokens, token_logprobs, top_logprobs, text_offset}, the
+    offset after its tokens). top_logprobs: the alternatives and the sampled token (up to k + 1, as
+    OpenAI); text_offset: where each token's text begins in the choice's text."""
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for j, (token, value) in enumerate(zip(lp["ids"], lp["lps"])):
+        text = pieces(token)[0]
+        top = {pieces(t)[0]: v for t, v in zip(lp["top_ids"][j], lp["top_lps"][j])} if lp["top_ids"] else {}
+        top.setdefault(text, value)
+        out["tokens"].append(text)
+        out["token_logprobs"].append(value)
+        out["top_logprobs"].append(top)
+        out["text_offset"].append(offset)
+        offset += len(text)
+    return out, offset
+
+
 # -- the API ------------------------------------------------------------------------------------------
 class OpenAIApi:
     def __init__(self, edge, grpc_url: str):
         self.edge, self.grpc_url = edge, grpc_url  # edge: body limits and Triton's model config
         self.client = None
         self._template: Optional[ChatTemplate] = None
+        self._pieces: Optional[TokenPieces] = None
 
     def mount(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self.models)
@@ -239,14 +327,22 @@ class OpenAIApi:
             raise ApiError(503, "the model is not ready; retry later", code="model_not_ready")
         return config
 
+    async def _checkpoint(self) -> Path:
+        from .server_config import ServerConfig
+        params = {k: v["string_value"] for k, v in (await self._config()).get("parameters", {}).items()}
+        root = Path(params.pop("project_root", "") or ROOT)
+        cfg = ServerConfig.load(params)
+        return cfg.resolve(cfg.checkpoint, root)
+
     async def _chat_template(self) -> ChatTemplate:
         if self._template is None:
-            from .server_config import ServerConfig
-            params = {k: v["string_value"] for k, v in (await self._config()).get("parameters", {}).items()}
-            root = Path(params.pop("project_root", "") or ROOT)
-            cfg = ServerConfig.load(params)
-            self._template = ChatTemplate(cfg.resolve(cfg.checkpoint, root))
+            self._template = ChatTemplate(await self._checkpoint())
         return self._template
+
+    async def _token_pieces(self) -> TokenPieces:
+        if self._pieces is None:
+            self._pieces = TokenPieces(await self._checkpoint())
+        return self._pieces
 
     async def _read(self, request: web.Request):
         from .edge import EdgeError, parse_json
@@ -307,6 +403,10 @@ class OpenAIApi:
         for name in ("presence_penalty", "frequency_penalty"):
             if p.get(name):
                 ins.append(t(name, p[name], "FP32", np.float32))
+        if p.get("logprobs"):
+            ins.append(t("return_log_probs", True, "BOOL", bool))
+            if p["top_logprobs"]:
+                ins.append(t("return_top_log_probs", p["top_logprobs"], "INT32", np.int32))
         if p["stop"]:
             x = InferInput("stop_words", [1, len(p["stop"])], "BYTES")
             x.set_data_from_numpy(np.array([[s.encode() for s in p["stop"]]], dtype=object))
@@ -315,8 +415,9 @@ class OpenAIApi:
 
     async def _events(self, prompt: str, p: dict):
         """n requests on one gRPC stream -> async iterator of (index, text, finish_reason or None,
-        num_input_tokens, num_output_tokens); ApiError on any request's error. Leaving early
-        (a client gone) cancels the stream, which cancels the requests."""
+        num_input_tokens, num_output_tokens, log probs: {ids, lps, top_ids, top_lps} of this
+        response's tokens when p["logprobs"], else None); ApiError on any request's error. Leaving
+        early (a client gone) cancels the stream, which cancels the requests."""
         requests = [{"model_name": ENGINE_MODEL, "inputs": self._inputs(prompt, p, i), "request_id": str(i)}
                     for i in range(p["n"])]
 
@@ -336,7 +437,7 @@ class OpenAIApi:
                 finish = fr.reshape(-1)[0].decode() if fr is not None else None
                 nin, nout = (int(result.as_numpy(k).reshape(-1)[0]) if result.as_numpy(k) is not None else 0
                              for k in ("num_input_tokens", "num_output_tokens"))
-                yield index, text, finish, nin, nout
+                yield index, text, finish, nin, nout, _logprobs(result) if p.get("logprobs") else None
         finally:
             stream.cancel()
 
@@ -352,6 +453,7 @@ class OpenAIApi:
         created, model = int(time.time()), p["model"]
         obj = "chat.completion" if chat else "text_completion"
         try:
+            pieces = await self._token_pieces() if p.get("logprobs") else None
             first = await events.__anext__()
         except ApiError as e:
             return error_response(e)
@@ -361,19 +463,23 @@ class OpenAIApi:
             log.exception("OpenAI request failed")
             return error_response(ApiError(503, "the inference server is not reachable; retry later"))
         if p["stream"]:
-            return await self._stream(request, events, first, p, prompt, rid, created, obj, model, chat, echo)
+            return await self._stream(request, events, first, p, prompt, rid, created, obj, model, chat, echo, pieces)
         texts, finish, usage_in, usage_out = [[] for _ in range(p["n"])], [None] * p["n"], 0, [0] * p["n"]
+        lps = [{"ids": [], "lps": [], "top_ids": [], "top_lps": []} for _ in range(p["n"])]
         if echo:
             for t in texts:
                 t.append(prompt)
         try:
             ev = first
             while True:
-                i, text, fin, nin, nout = ev
+                i, text, fin, nin, nout, lp = ev
                 texts[i].append(text)
                 usage_in = max(usage_in, nin)
                 usage_out[i] = max(usage_out[i], nout)
                 finish[i] = fin or finish[i]
+                if lp is not None:
+                    for k, v in lp.items():
+                        lps[i][k].extend(v)
                 try:
                     ev = await events.__anext__()
                 except StopAsyncIteration:
@@ -388,27 +494,35 @@ class OpenAIApi:
             text = "".join(texts[i])
             reason = finish[i] if finish[i] in ("stop", "length") else "stop"
             if chat:
+                logprobs = chat_logprobs(pieces, lps[i]) if pieces else None
                 choices.append({"index": i, "message": {"role": "assistant", "content": text},
-                                "logprobs": None, "finish_reason": reason})
+                                "logprobs": logprobs, "finish_reason": reason})
             else:
-                choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": reason})
+                logprobs = completion_logprobs(pieces, lps[i], 0)[0] if pieces else None
+                choices.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason})
         return web.json_response({"id": rid, "object": obj, "created": created, "model": model, "choices": choices,
                                   "usage": usage(usage_in, sum(usage_out))})
 
-    async def _stream(self, request, events, first, p, prompt, rid, created, obj, model, chat, echo):
+    async def _stream(self, request, events, first, p, prompt, rid, created, obj, model, chat, echo, pieces):
         resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         obj += ".chunk" if chat else ""
+        offsets = [0] * p["n"]  # completions' text_offset: characters of the choice's tokens so far
 
         async def send(payload):
             await resp.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
 
-        def chunk(i, text=None, reason=None, role=False):
+        def chunk(i, text=None, reason=None, role=False, lp=None):
+            logprobs = None
+            if lp is not None and chat:
+                logprobs = chat_logprobs(pieces, lp)
+            elif lp is not None:
+                logprobs, offsets[i] = completion_logprobs(pieces, lp, offsets[i])
             if chat:
-                delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
-                choice = {"index": i, "delta": delta, "logprobs": None, "finish_reason": reason}
+                delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text or lp else {})
+                choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
             else:
-                choice = {"index": i, "text": text or "", "logprobs": None, "finish_reason": reason}
+                choice = {"index": i, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
             return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
 
         for i in range(p["n"]):
@@ -420,10 +534,11 @@ class OpenAIApi:
         ev = first
         try:
             while True:
-                i, text, fin, nin, nout = ev
+                i, text, fin, nin, nout, lp = ev
                 usage_in, usage_out[i] = max(usage_in, nin), max(usage_out[i], nout)
-                if text:
-                    await send(chunk(i, text))
+                lp = lp if lp is not None and lp["ids"] else None
+                if text or lp:
+                    await send(chunk(i, text, lp=lp))
                 if fin:
                     await send(chunk(i, reason=fin if fin in ("stop", "length") else "stop"))
                 try:
@@ -443,6 +558,20 @@ class OpenAIApi:
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+
+def _logprobs(result) -> dict:
+    """A response's output_token_ids / output_log_probs / output_top_* as {ids, lps, top_ids, top_lps}
+    (top_*: one list of k per token, or [] without alternatives)."""
+    values = result.as_numpy
+    ids, lps = values("output_token_ids"), values("output_log_probs")
+    ids = [] if ids is None else ids.reshape(-1).tolist()
+    lps = [] if lps is None else lps.reshape(-1).tolist()
+    top_ids, top_lps = values("output_top_token_ids"), values("output_top_log_probs")
+    if top_ids is None or top_lps is None or not ids or top_ids.size == 0:
+        return {"ids": ids, "lps": lps, "top_ids": [], "top_lps": []}
+    return {"ids": ids, "lps": lps, "top_ids": top_ids.reshape(len(ids), -1).tolist(),
+            "top_lps": top_lps.reshape(len(ids), -1).tolist()}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:

@@ -10,6 +10,7 @@ from .sampling import SamplingParams
 
 
 MIN_TEMPERATURE = 1e-6  # smallest positive temperature: logits / t stays finite in float32
+MAX_TOP_LOG_PROBS = 20  # return_top_log_probs: alternatives per generated token (OpenAI's top_logprobs limit)
 MAX_CHARS_PER_TOKEN = 64  # a prompt longer than this x the context window cannot fit: refused before tokenizing
 
 
@@ -46,7 +47,8 @@ class GenerationRequest:
     exclude_input_in_output: bool = False
     apply_chat_template: bool = False
     penalties: Penalties = field(default_factory=Penalties)  # repetition/presence/frequency, min_length, bad_words
-    return_log_probs: bool = False  # cum_log_probs / output_log_probs outputs
+    return_log_probs: bool = False  # cum_log_probs / output_log_probs / output_token_ids outputs
+    return_top_log_probs: int = 0  # output_top_token_ids / output_top_log_probs: k alternatives per token
     return_perf_metrics: bool = False  # acceptance_rate, total_draft_tokens, ... outputs
 
 
@@ -76,6 +78,12 @@ def validate(req: GenerationRequest, limits: Limits) -> GenerationRequest:
         raise RequestError(f"random_seed must be >= 0, got {req.seed}")
     if any(not w for w in req.stop_words):
         raise RequestError("stop_words must not contain empty strings")
+    k = req.return_top_log_probs
+    if not isinstance(k, int) or not 0 <= k <= MAX_TOP_LOG_PROBS:
+        raise RequestError(f"return_top_log_probs must be between 0 and {MAX_TOP_LOG_PROBS}, got {k}")
+    if k and not req.return_log_probs:
+        raise RequestError("return_top_log_probs needs return_log_probs=true (the alternatives come with the "
+                           "generated tokens' own log probs)")
     problem = req.penalties.problems(req.max_tokens)
     if problem:
         raise RequestError(problem)

@@ -23,6 +23,9 @@ class Chunk:
     num_accepted_tokens: int  # cumulative
     finish_reason: Optional[str] = None  # "stop" | "length" | "cancelled" | None
     output_log_probs: Optional[List[float]] = None  # return_log_probs: this response's tokens' log probs
+    output_token_ids: Optional[List[int]] = None  # return_log_probs: those tokens' ids
+    top_token_ids: Optional[List[List[int]]] = None  # return_top_log_probs: k most likely ids per token
+    top_log_probs: Optional[List[List[float]]] = None  # return_top_log_probs: their log probs
     cum_log_prob: float = 0.0  # return_log_probs: sum over every generated token so far
     perf: Optional[dict] = None  # return_perf_metrics: TensorRT-LLM's per-request metrics
 
@@ -60,6 +63,8 @@ class Sequence:
     preemptions: int = 0  # times it left the batch for lack of KV blocks (and was recomputed)
     processor: Any = None  # backend.logits_processors.LogitsProcessor, or None (no penalties)
     log_probs: List[float] = field(default_factory=list)  # return_log_probs: one per generated token
+    top_ids: List[List[int]] = field(default_factory=list)  # return_top_log_probs: per generated token
+    top_log_probs: List[List[float]] = field(default_factory=list)
     sent_log_probs: int = 0  # log_probs already sent (streaming)
     arrival_ns: int = field(default_factory=time.time_ns)  # wall clock, for return_perf_metrics
     scheduled_ns: int = 0
@@ -79,14 +84,19 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def append(self, new_tokens: List[int], max_context: int, log_probs: Optional[List[float]] = None) -> None:
+    def append(self, new_tokens: List[int], max_context: int, log_probs: Optional[tuple] = None) -> None:
         """Commit emitted tokens, stopping at EOS, max_tokens, context or a stop word (log_probs:
-        each token's, kept for the tokens committed)."""
-        req = self.request
+        engine_loop.log_probs_of's (each token's log prob, its top alternatives or None), kept
+        for the tokens committed)."""
         before = len(self.tokens)
         self._append(new_tokens, max_context)
         if log_probs is not None:
-            self.log_probs.extend(log_probs[: len(self.tokens) - before])
+            kept = len(self.tokens) - before
+            values, top = log_probs
+            self.log_probs.extend(values[:kept])
+            if top is not None:
+                self.top_ids.extend(top[0][:kept])
+                self.top_log_probs.extend(top[1][:kept])
         if len(self.tokens) > before:
             self.last_token_ns = time.time_ns()
             if not self.first_token_ns:
@@ -139,11 +149,15 @@ class Sequence:
             self.sink.send(self._extras(chunk), True)
 
     def _extras(self, chunk: Chunk) -> Chunk:
-        """The outputs the request asked for besides the text: the log probs of the tokens not yet
-        sent, and the perf metrics."""
+        """The outputs the request asked for besides the text: the log probs (ids, top alternatives)
+        of the tokens not yet sent, and the perf metrics."""
         req = self.request
         if req.return_log_probs:
-            chunk.output_log_probs = self.log_probs[self.sent_log_probs:]
+            sent, start = self.sent_log_probs, len(self.prompt_ids)
+            chunk.output_log_probs = self.log_probs[sent:]
+            chunk.output_token_ids = self.tokens[start + sent: start + len(self.log_probs)]
+            if req.return_top_log_probs:
+                chunk.top_token_ids, chunk.top_log_probs = self.top_ids[sent:], self.top_log_probs[sent:]
             chunk.cum_log_prob = float(sum(self.log_probs))
             self.sent_log_probs = len(self.log_probs)
         if req.return_perf_metrics:

@@ -44,7 +44,7 @@ _SCALARS = {"max_tokens": int, "temperature": float, "top_k": int, "top_p": floa
             "end_id": int, "pad_id": int, "beam_width": int, "stream": bool, "exclude_input_in_output": bool,
             "apply_chat_template": bool, "repetition_penalty": float, "presence_penalty": float,
             "frequency_penalty": float, "min_length": int, "min_tokens": int, "return_log_probs": bool,
-            "return_perf_metrics": bool, "num_return_sequences": int}
+            "return_top_log_probs": int, "return_perf_metrics": bool, "num_return_sequences": int}
 MAX_RETURN_SEQUENCES = 16
 
 
@@ -131,7 +131,8 @@ def _convert(request, cfg: ServerConfig) -> list:
                 sampling=sampling, seed=seed, stop_words=[w for w in stop_rows[b] if w], end_id=v["end_id"],
                 stream=bool(v["stream"]), exclude_input_in_output=bool(v["exclude_input_in_output"]),
                 apply_chat_template=cfg.chat_template_default if chat is None else chat, penalties=penalties,
-                return_log_probs=bool(v["return_log_probs"]), return_perf_metrics=bool(v["return_perf_metrics"])),
+                return_log_probs=bool(v["return_log_probs"]), return_top_log_probs=v["return_top_log_probs"] or 0,
+                return_perf_metrics=bool(v["return_perf_metrics"])),
                 b if batch > 1 else None, s if n > 1 else None))
     return out
 
@@ -169,7 +170,9 @@ KV_OUTPUTS = ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_a
 def chunk_outputs(chunk: Chunk, batch_index=None, sequence_index=None) -> dict:
     """A response's output tensors {name: ndarray}. TensorRT-LLM's outputs that our first ones
     lack carry its batch dimension, as its clients read them (x[0][0]): cum_log_probs [1, 1] and
-    output_log_probs [1, 1, n] (batch, beam, tokens), batch_index, sequence_index, perf metrics [1, 1]."""
+    output_log_probs [1, 1, n] (batch, beam, tokens), our output_token_ids [1, 1, n] and
+    output_top_token_ids / output_top_log_probs [1, 1, n, k], batch_index, sequence_index, perf
+    metrics [1, 1]."""
     out = {"text_output": np.array([chunk.text.encode("utf-8")], dtype=np.object_)}
     for name in ("num_input_tokens", "num_output_tokens", "num_draft_tokens", "num_accepted_tokens"):
         out[name] = np.array([getattr(chunk, name)], dtype=np.int32)
@@ -178,6 +181,11 @@ def chunk_outputs(chunk: Chunk, batch_index=None, sequence_index=None) -> dict:
     if chunk.output_log_probs is not None:
         out["cum_log_probs"] = np.array([[chunk.cum_log_prob]], dtype=np.float32)
         out["output_log_probs"] = np.array(chunk.output_log_probs, dtype=np.float32).reshape(1, 1, -1)
+        out["output_token_ids"] = np.array(chunk.output_token_ids or [], dtype=np.int32).reshape(1, 1, -1)
+    if chunk.top_token_ids is not None:
+        n, k = len(chunk.top_token_ids), len(chunk.top_token_ids[0]) if chunk.top_token_ids else 0
+        out["output_top_token_ids"] = np.array(chunk.top_token_ids, dtype=np.int32).reshape(1, 1, n, k)
+        out["output_top_log_probs"] = np.array(chunk.top_log_probs, dtype=np.float32).reshape(1, 1, n, k)
     if chunk.perf is not None:
         out.update({k: np.array([[chunk.perf[k]]], dtype=t) for k, t in PERF_OUTPUTS.items()})
         # TensorRT-LLM's KV-cache block reuse counters: no block is shared between our requests

@@ -54,21 +54,29 @@ def _index(out: dict, name: str) -> int:
     return 0 if arr is None else int(np.asarray(arr).reshape(-1)[0])
 
 
+# outputs with one entry per generated token along axis 2 (batch, beam, tokens[, k]): joined by concatenation
+PER_TOKEN = {"output_log_probs": np.float32, "output_token_ids": np.int32, "output_top_token_ids": np.int32,
+             "output_top_log_probs": np.float32}
+
+
 def _join_one(outputs: list, prefix: bytes) -> dict:
-    """One generation's responses: `prefix` and the text_outputs concatenated, output_log_probs
-    concatenated along its token axis, every other output from the last response that has it."""
-    joined, texts, log_probs = {}, [prefix], []
+    """One generation's responses: `prefix` and the text_outputs concatenated, the per-token outputs
+    (output_log_probs, output_token_ids, output_top_*) concatenated along their token axis, every
+    other output from the last response that has it."""
+    joined, texts, per_token = {}, [prefix], {}
     for out in outputs:
         for name, arr in out.items():
             if name == TEXT:
                 texts.extend(x if isinstance(x, bytes) else str(x).encode() for x in np.asarray(arr).reshape(-1))
-            elif name == "output_log_probs":
-                log_probs.append(np.asarray(arr, dtype=np.float32).reshape(-1))
+            elif name in PER_TOKEN:
+                per_token.setdefault(name, []).append(np.asarray(arr, dtype=PER_TOKEN[name]))
             else:
                 joined[name] = arr
     joined[TEXT] = np.array([b"".join(texts)], dtype=np.object_)
-    if log_probs:
-        joined["output_log_probs"] = np.concatenate(log_probs).reshape(1, 1, -1)
+    for name, arrays in per_token.items():
+        full = [a for a in arrays if a.size] or arrays[:1]  # a step with no token may carry k = 0
+        joined[name] = np.concatenate([a.reshape(1, 1, -1) if a.ndim < 4 else a.reshape((1, 1) + a.shape[-2:])
+                                       for a in full], axis=2)
     return joined
 
 
@@ -76,7 +84,7 @@ def join_responses(outputs: list, prefix=b"") -> dict:
     """One request's responses (each {name: ndarray}, in order) as one. The generations of a
     batch (batch_index) or of num_return_sequences (sequence_index) are joined each on its own
     (prefix: bytes, or a list of them by batch row) and stacked in (batch, sequence) order along
-    the first axis; output_log_probs padded with zeros to the longest."""
+    the first axis; the per-token outputs padded with zeros to the longest."""
     groups: dict = {}
     for out in outputs:
         groups.setdefault((_index(out, "batch_index"), _index(out, "sequence_index")), []).append(out)
@@ -87,9 +95,9 @@ def join_responses(outputs: list, prefix=b"") -> dict:
     out = {}
     for name in joined[0]:
         arrays = [np.asarray(j[name]) for j in joined if name in j]
-        if name == "output_log_probs":
-            longest = max(a.shape[-1] for a in arrays)
-            arrays = [np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, longest - a.shape[-1])]) for a in arrays]
+        if name in PER_TOKEN:
+            shape = [max(a.shape[d] for a in arrays) for d in range(arrays[0].ndim)]
+            arrays = [np.pad(a, [(0, 0)] + [(0, m - n) for m, n in zip(shape[1:], a.shape[1:])]) for a in arrays]
         if len(arrays) == len(joined):
             out[name] = np.concatenate(arrays, axis=0)
     return out

@@ -2,7 +2,8 @@
 server: tests/integration/test_openai_api.py runs it against the real one."""
 import pytest
 
-from backend.openai_api import ApiError, ChatTemplate, model_error, parse_chat, parse_completion
+from backend.openai_api import (ApiError, ChatTemplate, TokenPieces, chat_logprobs, completion_logprobs, model_error,
+                                parse_chat, parse_completion)
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -27,7 +28,11 @@ def test_fields():
 
 @pytest.mark.parametrize("body,param,words", [
     ({"model": "llm", "messages": MSG, "min_tokens": 3}, "min_tokens", "Unrecognized request argument supplied: min_tokens"),
-    ({"model": "llm", "messages": MSG, "logprobs": True}, "logprobs", "logprobs is not supported"),
+    ({"model": "llm", "messages": MSG, "logprobs": 1}, "logprobs", "logprobs must be true or false"),
+    ({"model": "llm", "messages": MSG, "top_logprobs": 2}, "top_logprobs", "top_logprobs requires logprobs"),
+    ({"model": "llm", "messages": MSG, "logprobs": False, "top_logprobs": 2}, "top_logprobs", "requires logprobs"),
+    ({"model": "llm", "messages": MSG, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "between 0 and 20"),
+    ({"model": "llm", "messages": MSG, "logit_bias": {"1": 5}}, "logit_bias", "logit_bias is not supported"),
     ({"model": "llm", "messages": MSG, "tools": [{"type": "function"}]}, "tools", "tools is not supported"),
     ({"model": "llm", "messages": MSG, "n": 9}, "n", "n must be between 1 and 8"),
     ({"model": "llm", "messages": MSG, "presence_penalty": 2.5}, "presence_penalty", "between -2.0 and 2.0"),
@@ -52,6 +57,53 @@ def test_penalties_are_passed_on():
     assert (p["presence_penalty"], p["frequency_penalty"]) == (0.5, -1.0)
     p, _, _ = parse_completion({"model": "llm", "prompt": "x", "frequency_penalty": 2})
     assert p["frequency_penalty"] == 2.0 and p["presence_penalty"] is None
+
+
+def test_logprobs_fields():
+    p, _ = parse_chat({"model": "llm", "messages": MSG, "logprobs": True, "top_logprobs": 3})
+    assert (p["logprobs"], p["top_logprobs"]) == (True, 3)
+    p, _ = parse_chat({"model": "llm", "messages": MSG, "logprobs": True})
+    assert (p["logprobs"], p["top_logprobs"]) == (True, 0)
+    p, _ = parse_chat({"model": "llm", "messages": MSG, "logprobs": False, "top_logprobs": None})
+    assert (p["logprobs"], p["top_logprobs"]) == (False, 0)
+    p, _, _ = parse_completion({"model": "llm", "prompt": "x", "logprobs": 0})
+    assert (p["logprobs"], p["top_logprobs"]) == (True, 0)
+    p, _, _ = parse_completion({"model": "llm", "prompt": "x", "logprobs": 5})
+    assert (p["logprobs"], p["top_logprobs"]) == (True, 5)
+    p, _, _ = parse_completion({"model": "llm", "prompt": "x"})
+    assert p["logprobs"] is False
+
+
+@pytest.mark.parametrize("body,words", [({"logprobs": 6}, "logprobs must be between 0 and 5"),
+                                        ({"logprobs": True}, "logprobs must be an integer"),
+                                        ({"logprobs": 2, "echo": True}, "logprobs with echo"),
+                                        ({"top_logprobs": 2}, "Unrecognized request argument supplied: top_logprobs")])
+def test_completion_logprobs_refusals(body, words):
+    with pytest.raises(ApiError, match=words) as e:
+        parse_completion(dict({"model": "llm", "prompt": "x"}, **body))
+    assert e.value.status == 400 and e.value.param in ("logprobs", "top_logprobs")
+
+
+def test_logprobs_shapes(checkpoint, tokenizer):
+    pieces = TokenPieces(checkpoint)
+    ids = tokenizer(" Paris é", add_special_tokens=False).input_ids
+    assert [pieces(t)[0] for t in ids] == [tokenizer.decode([t]) for t in ids]
+    assert bytes(b for t in ids for b in pieces(t)[1]) == " Paris é".encode()  # raw bytes join to the text
+    lp = {"ids": ids, "lps": [-0.5] * len(ids), "top_ids": [[ids[0], 7]] * len(ids), "top_lps": [[-0.1, -2.0]] * len(ids)}
+    chat = chat_logprobs(pieces, lp)
+    assert chat["refusal"] is None and len(chat["content"]) == len(ids)
+    first = chat["content"][0]
+    assert first["token"] == tokenizer.decode([ids[0]]) and first["logprob"] == -0.5
+    assert first["bytes"] == list(first["token"].encode())
+    assert [t["token"] for t in first["top_logprobs"]] == [tokenizer.decode([ids[0]]), tokenizer.decode([7])]
+    assert first["top_logprobs"][1] == {"token": tokenizer.decode([7]), "logprob": -2.0, "bytes": pieces(7)[1]}
+    comp, end = completion_logprobs(pieces, lp, 3)
+    assert comp["tokens"] == [pieces(t)[0] for t in ids] and comp["token_logprobs"] == [-0.5] * len(ids)
+    assert comp["text_offset"][0] == 3 and end == 3 + sum(len(t) for t in comp["tokens"])
+    assert comp["top_logprobs"][1] == {pieces(ids[0])[0]: -0.1, pieces(7)[0]: -2.0, pieces(ids[1])[0]: -0.5}
+    no_top = dict(lp, top_ids=[], top_lps=[])
+    assert chat_logprobs(pieces, no_top)["content"][0]["top_logprobs"] == []
+    assert completion_logprobs(pieces, no_top, 0)[0]["top_logprobs"][0] == {pieces(ids[0])[0]: -0.5}
 
 
 def test_completion_refusals():

@@ -188,3 +188,27 @@ def test_error_kind_from_the_message_when_bls_loses_the_code(forward, message, c
 def test_cancelled_request_cancels_llm(forward):
     llm, response = forward(prompt(), STEPS, cancelled=True)
     assert llm.iterator.cancelled and response.error().code() == "CANCELLED"
+
+
+def test_per_token_outputs_are_joined_along_the_token_axis(forward):
+    """output_log_probs, output_token_ids and output_top_* of the steps concatenated (a step with no
+    token may carry k = 0); two generations padded to the longer one and stacked."""
+    import backend.triton_forward as module
+
+    def out(ids, k, seq=None):
+        n = len(ids)
+        o = {"text_output": np.array([b"x"], dtype=object),
+             "output_log_probs": np.full((1, 1, n), -1.0, np.float32),
+             "output_token_ids": np.array(ids, np.int32).reshape(1, 1, n),
+             "output_top_token_ids": np.arange(n * k, dtype=np.int32).reshape(1, 1, n, k),
+             "output_top_log_probs": np.full((1, 1, n, k), -2.0, np.float32)}
+        if seq is not None:
+            o["sequence_index"] = np.array([[seq]], np.int32)
+        return o
+    joined = module.join_responses([out([5, 6], 3), out([7], 3), out([], 0)])
+    assert joined["output_token_ids"].tolist() == [[[5, 6, 7]]]
+    assert joined["output_top_token_ids"].shape == (1, 1, 3, 3) and joined["output_log_probs"].shape == (1, 1, 3)
+    assert joined["output_top_token_ids"][0, 0, 2].tolist() == [0, 1, 2]
+    two = module.join_responses([out([5, 6], 2, 0), out([8], 2, 1), out([], 0, 1)])
+    assert two["output_token_ids"].tolist() == [[[5, 6]], [[8, 0]]]
+    assert two["output_top_log_probs"].shape == (2, 1, 2, 2) and two["output_top_log_probs"][1, 0, 1].tolist() == [0, 0]

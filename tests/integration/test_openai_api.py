@@ -109,8 +109,10 @@ def test_seed_and_n(client):
 
 @pytest.mark.parametrize("kwargs,status,param,words", [
     (dict(extra_body={"repetition_penalty": 1.1}), 400, "repetition_penalty", "Unrecognized request argument"),
-    (dict(logprobs=True), 400, "logprobs", "logprobs is not supported"),
-    (dict(frequency_penalty=0.5), 400, "frequency_penalty", "frequency_penalty is not supported"),
+    (dict(logit_bias={"1": 5}), 400, "logit_bias", "logit_bias is not supported"),
+    (dict(top_logprobs=3), 400, "top_logprobs", "top_logprobs requires logprobs to be true"),
+    (dict(logprobs=True, top_logprobs=21), 400, "top_logprobs", "top_logprobs must be between 0 and 20"),
+    (dict(frequency_penalty=2.5), 400, "frequency_penalty", "frequency_penalty must be between"),
     (dict(temperature=3), 400, "temperature", "temperature must be between 0"),
     (dict(max_tokens=100000), 400, None, "max_tokens 100000 exceeds"),
     (dict(model="gpt-4"), 404, "model", "The model 'gpt-4' does not exist"),
@@ -124,6 +126,61 @@ def test_errors_are_openai_shaped(client, kwargs, status, param, words):
     assert e.value.status_code == status
     err = e.value.response.json()["error"]
     assert words in err["message"] and err["param"] == param and err["type"]
+
+
+def _close(a, b, tol=1e-2):
+    return len(a) == len(b) and all(abs(x - y) <= tol for x, y in zip(a, b))
+
+
+def test_chat_logprobs_with_top_logprobs(client):
+    kw = dict(model="llm", messages=[{"role": "user", "content": QUESTION}], temperature=0, max_tokens=16,
+              logprobs=True, top_logprobs=3)
+    r = client.chat.completions.create(**kw)
+    (choice,) = r.choices
+    content = choice.logprobs.content
+    assert len(content) == r.usage.completion_tokens > 0
+    assert "".join(t.token for t in content) == choice.message.content
+    for t in content:
+        assert t.logprob <= 0 and bytes(t.bytes) == t.token.encode() and len(t.top_logprobs) == 3
+        assert t.top_logprobs[0].token == t.token and abs(t.top_logprobs[0].logprob - t.logprob) < 1e-5  # greedy
+        assert [a.logprob for a in t.top_logprobs] == sorted((a.logprob for a in t.top_logprobs), reverse=True)
+    plain = client.chat.completions.create(**dict(kw, logprobs=True, top_logprobs=None))
+    assert [t.token for t in plain.choices[0].logprobs.content] == [t.token for t in content]
+    assert all(t.top_logprobs == [] for t in plain.choices[0].logprobs.content)
+    assert client.chat.completions.create(**dict(kw, logprobs=None, top_logprobs=None)).choices[0].logprobs is None
+    streamed = [c for c in client.chat.completions.create(**kw, stream=True) if c.choices]
+    got = [t for c in streamed if c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [t.token for t in got] == [t.token for t in content]
+    assert _close([t.logprob for t in got], [t.logprob for t in content])
+    assert [[a.token for a in t.top_logprobs] for t in got] == [[a.token for a in t.top_logprobs] for t in content]
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == choice.message.content
+
+
+def test_completion_logprobs(client):
+    kw = dict(model="llm", prompt="The capital of France is", max_tokens=8, temperature=0, logprobs=2)
+    r = client.completions.create(**kw)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 8
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:j]) for j in range(8)]
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert len(top) == 2 and abs(top[token] - value) < 1e-5 and value == max(top.values())  # greedy: the top one
+    streamed = list(client.completions.create(**kw, stream=True))
+    chunks = [c.choices[0].logprobs for c in streamed if c.choices[0].logprobs]
+    assert [t for c in chunks for t in c.tokens] == lp.tokens
+    assert [o for c in chunks for o in c.text_offset] == lp.text_offset
+    assert _close([v for c in chunks for v in c.token_logprobs], lp.token_logprobs)
+    zero = client.completions.create(**dict(kw, logprobs=0)).choices[0].logprobs
+    assert zero.tokens == lp.tokens and all(list(top) == [t] for t, top in zip(zero.tokens, zero.top_logprobs))
+
+
+@pytest.mark.parametrize("kwargs,words", [(dict(logprobs=6), "logprobs must be between 0 and 5"),
+                                          (dict(logprobs=1, echo=True), "logprobs with echo")])
+def test_completion_logprobs_errors(client, kwargs, words):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="llm", prompt="hi", max_tokens=4, **kwargs)
+    err = e.value.response.json()["error"]
+    assert words in err["message"] and err["param"] == "logprobs"
 
 
 def test_stream_closed_by_the_client_cancels_the_request(client, server):

@@ -1,7 +1,8 @@
 """TensorRT-LLM's sampling inputs and extra outputs against the real server, with requests shaped
 as NVIDIA's end_to_end_grpc_client.py sends them ([1, 1] tensors; --batch-inputs stacks prompts
 into [B, 1]): repetition / presence / frequency penalties, min_tokens / min_length, bad_words,
-return_log_probs (cum_log_probs, output_log_probs), return_perf_metrics, num_return_sequences
+return_log_probs (cum_log_probs, output_log_probs, output_token_ids), return_top_log_probs
+(output_top_token_ids, output_top_log_probs), return_perf_metrics, num_return_sequences
 (sequence_index) and batch inputs (batch_index); invalid values get an error naming the input."""
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ PERF = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", 
 def extra(**kw):
     kinds = {"repetition_penalty": np.float32, "presence_penalty": np.float32, "frequency_penalty": np.float32,
              "min_tokens": np.int32, "min_length": np.int32, "return_log_probs": bool, "return_perf_metrics": bool,
+             "return_top_log_probs": np.int32,
              "num_return_sequences": np.int32, "random_seed": np.uint64}
     return {k: batch1(v, kinds[k]) for k, v in kw.items()}
 
@@ -96,11 +98,38 @@ def test_unary_model_joins_each_generation(server):
     assert result.as_numpy("output_log_probs").shape == (2, 1, 6)
 
 
+def test_top_log_probs_streamed_and_joined(server):
+    """return_top_log_probs: the same ids and alternatives streamed from `ensemble` as joined by
+    llm_unary; greedy, so each token is its first alternative."""
+    values = nvidia_e2e_request(PROMPT, output_len=6, temperature=0.0, streaming=True,
+                                **extra(return_log_probs=True, return_top_log_probs=3))
+    outputs = ("text_output", "output_log_probs", "output_token_ids", "output_top_token_ids", "output_top_log_probs")
+    results, errors = stream_like_nvidia(server.grpc, "ensemble", values, outputs)
+    assert not errors and results
+    ids = np.concatenate([r.as_numpy("output_token_ids").reshape(-1) for r in results])
+    top = np.concatenate([r.as_numpy("output_top_token_ids").reshape(-1, 3) for r in results if r.as_numpy("output_top_token_ids").size])
+    assert len(ids) == 6 and top.shape == (6, 3) and (top[:, 0] == ids).all()
+    client = grpcclient.InferenceServerClient(server.grpc)
+    try:
+        values["stream"] = batch1(False, bool)
+        result = client.infer("llm_unary", tensors(grpcclient, values))
+    finally:
+        client.close()
+    assert result.as_numpy("output_token_ids").reshape(-1).tolist() == ids.tolist()
+    assert result.as_numpy("output_top_token_ids").shape == (1, 1, 6, 3)
+    assert (result.as_numpy("output_top_token_ids").reshape(6, 3) == top).all()
+    lps = result.as_numpy("output_top_log_probs").reshape(6, 3)
+    assert (np.diff(lps, axis=1) <= 0).all()
+    assert np.allclose(lps[:, 0], result.as_numpy("output_log_probs").reshape(-1), atol=1e-5)
+
+
 @pytest.mark.parametrize("fields,words", [
     (dict(repetition_penalty=-1.0), "repetition_penalty must be a finite number > 0"),
     (dict(presence_penalty=float("nan")), "presence_penalty must be a finite number"),
     (dict(min_tokens=50), "min_length (min_tokens) 50 exceeds max_tokens 8"),
     (dict(num_return_sequences=0), "num_return_sequences must be between 1"),
+    (dict(return_log_probs=True, return_top_log_probs=21), "return_top_log_probs must be between 0 and 20"),
+    (dict(return_top_log_probs=2), "return_top_log_probs needs return_log_probs=true"),
 ])
 def test_invalid_values_are_refused_naming_the_input(server, fields, words):
     values = nvidia_e2e_request(PROMPT, output_len=8, **extra(**fields))
