@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -300,6 +301,7 @@ class Supervisor:
         self.env.pop("SPECSERVE_ADMIN_KEY", None)  # Triton needs none of it
         self.proc: subprocess.Popen | None = None
         self.restarts: list = []  # monotonic times of restarts within the window
+        self.regions: set = set()  # shared-memory regions of the running Triton's stubs
 
     def _start(self) -> subprocess.Popen:
         # From the main thread (PR_SET_PDEATHSIG follows the forking thread), in a process group
@@ -323,10 +325,21 @@ class Supervisor:
         except OSError:
             return False
 
+    def _stub_models(self) -> set:
+        """The models of the repository Triton serves that run in a Python-backend stub."""
+        repo = next((Path(a.split("=", 1)[1]) for a in self.cmd if a.startswith("--model-repository=")), None)
+        if repo is None:
+            return set()
+        return {c.parent.name for c in repo.glob("*/config.pbtxt")
+                if re.search(r'^\s*backend:\s*"python"', c.read_text(), re.M)}
+
     async def _watch(self, stop: asyncio.Event, edge_task) -> str | None:
         """Until a stop signal, the edge failing, Triton's exit or the death of one of its
-        Python-backend stubs (which Triton does not restart): -> that stub's model name, or None."""
-        loop, stubs, ready, next_check = asyncio.get_running_loop(), {}, False, 0.0
+        Python-backend stubs (which Triton does not restart): -> that stub's model name, or None.
+        Once Triton is ready every Python model has a live stub: one missing has died (even if it
+        died before this watch first saw it)."""
+        loop, ready, next_check = asyncio.get_running_loop(), False, 0.0
+        expected = self._stub_models()
         while not stop.is_set() and self.proc.poll() is None and not edge_task.done():
             try:
                 await asyncio.wait_for(stop.wait(), 0.2)
@@ -335,17 +348,17 @@ class Supervisor:
                 pass
             if time.monotonic() < next_check:
                 continue
-            next_check = time.monotonic() + 1.0
-            if not ready:  # stubs come and go while models load: watch them once Triton is ready
+            next_check = time.monotonic() + 0.5
+            mine = [argv for pid, argv in _stubs() if argv[5] == str(self.proc.pid) and _alive(pid)]
+            self.regions.update(Path(argv[2]).name for argv in mine)  # removed when this server is gone
+            if not ready:  # stubs come and go while models load: check them once Triton is ready
                 ready = await loop.run_in_executor(None, self._ready)
                 if not ready:
                     continue
-            for pid, argv in _stubs():
-                if argv[5] == str(self.proc.pid) and _alive(pid):
-                    stubs.setdefault(pid, Path(argv[1]).parent.parent.name)
-            for pid, model in stubs.items():
-                if not _alive(pid) and self.proc.poll() is None and not stop.is_set():
-                    return model
+            live = {Path(argv[1]).parent.parent.name for argv in mine}
+            missing = sorted(expected - live)
+            if missing and self.proc.poll() is None and not stop.is_set():
+                return missing[0]
         return None
 
     async def _drain(self, hurry: asyncio.Event) -> None:
@@ -394,6 +407,9 @@ class Supervisor:
                 print(f"tritonserver (pid {pid}) died unexpectedly ({_signal_name(self.proc.returncode)})", flush=True)
             if reap_stubs(pid):
                 print("killed the Python-backend stub it left behind", flush=True)
+            for region in self.regions:  # a dead stub's region: no live process names it any more
+                (Path("/dev/shm") / region).unlink(missing_ok=True)
+            self.regions.clear()
             delay = self._restart_delay()
             if delay is None:
                 print(f"tritonserver died {self.max_restarts + 1} times within {self.restart_window_s:.0f} s: "
