@@ -150,7 +150,7 @@ def parse_chat(body) -> tuple:
     if logprobs is not None and not isinstance(logprobs, bool):
         raise ApiError(400, f"logprobs must be true or false, got {json.dumps(logprobs)[:40]}", "logprobs")
     top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
-    if top is not None and not logprobs:
+    if top and not logprobs:  # 0 changes nothing (accepted, as before logprobs were served)
         raise ApiError(400, "top_logprobs requires logprobs to be true", "top_logprobs")
     p["logprobs"], p["top_logprobs"] = bool(logprobs), top or 0
     messages = body.get("messages")
@@ -454,6 +454,12 @@ class OpenAIApi:
         obj = "chat.completion" if chat else "text_completion"
         try:
             pieces = await self._token_pieces() if p.get("logprobs") else None
+        except ApiError as e:
+            return error_response(e)
+        except Exception:
+            log.exception("could not load the tokenizer for logprobs")
+            return error_response(ApiError(500, "internal error while loading the tokenizer; see the server log"))
+        try:
             first = await events.__anext__()
         except ApiError as e:
             return error_response(e)

@@ -64,7 +64,7 @@ def test_logprobs_fields():
     assert (p["logprobs"], p["top_logprobs"]) == (True, 3)
     p, _ = parse_chat({"model": "llm", "messages": MSG, "logprobs": True})
     assert (p["logprobs"], p["top_logprobs"]) == (True, 0)
-    p, _ = parse_chat({"model": "llm", "messages": MSG, "logprobs": False, "top_logprobs": None})
+    p, _ = parse_chat({"model": "llm", "messages": MSG, "logprobs": False, "top_logprobs": 0})
     assert (p["logprobs"], p["top_logprobs"]) == (False, 0)
     p, _, _ = parse_completion({"model": "llm", "prompt": "x", "logprobs": 0})
     assert (p["logprobs"], p["top_logprobs"]) == (True, 0)
