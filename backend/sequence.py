@@ -61,6 +61,7 @@ class Sequence:
     first_token_s: Optional[float] = None
     stop_at: Optional[int] = field(default=None)  # char index where a stop word begins
     preemptions: int = 0  # times it left the batch for lack of KV blocks (and was recomputed)
+    joined: bool = False  # its first prefill completed: the speculator (policy, drafters) knows it
     processor: Any = None  # backend.logits_processors.LogitsProcessor, or None (no penalties)
     log_probs: List[float] = field(default_factory=list)  # return_log_probs: one per generated token
     top_ids: List[List[int]] = field(default_factory=list)  # return_top_log_probs: per generated token
@@ -79,6 +80,16 @@ class Sequence:
     def prefill_ids(self) -> List[int]:
         """What a prefill caches: the prompt, or after a preemption every token but the pending one."""
         return self.tokens[:-1] if self.generated > 0 else self.prompt_ids
+
+    @property
+    def prefill_len(self) -> int:
+        """len(prefill_ids), without the copy."""
+        return len(self.tokens) - 1 if self.generated > 0 else len(self.prompt_ids)
+
+    @property
+    def prefilling(self) -> bool:
+        """Admitted, its prefill (in chunks) not yet complete: it takes no part in steps."""
+        return self.kv_len < self.prefill_len
 
     @property
     def finished(self) -> bool:

@@ -38,6 +38,14 @@ class ServerConfig:
     trace_file: str = ""  # append every StepOutcome as a JSON line (replay: python -m policy.simulator)
     # admission control (issue 20): waiting requests beyond which new ones get "overloaded, retry later"
     max_queue: int = 0  # 0 = 4 x max_batch
+    # chunked prefill (issue 20): prompt tokens prefilled per iteration, between decode steps; 0 = whole prompts
+    prefill_chunk: int = 128
+    async_send: bool = True  # send responses from a thread of their own, overlapping the next step
+    # engine trtllm (GPU; not yet run on one): TensorRT-LLM's tensor parallelism over this many GPUs
+    tensor_parallel_size: int = 1
+    # engine trtllm: the LLM-API settings file (build_engines/prepare_trtllm.py writes it);
+    # "" = <checkpoint>/trtllm/llm_api.yaml when it exists, else settings derived from this config
+    trtllm_config: str = ""
 
     @classmethod
     def load(cls, params: Mapping[str, str], env: Mapping[str, str] = os.environ) -> "ServerConfig":
@@ -60,6 +68,11 @@ class ServerConfig:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {cfg.engine!r}")
         if cfg.dtype not in ("bf16", "fp32"):
             raise ValueError(f"dtype must be bf16 or fp32, got {cfg.dtype!r}")
+        if cfg.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {cfg.tensor_parallel_size}")
+        if cfg.tensor_parallel_size > 1 and cfg.engine != "trtllm":
+            raise ValueError(f"tensor_parallel_size {cfg.tensor_parallel_size} needs engine trtllm "
+                             f"(the {cfg.engine} engine runs on one device)")
         return cfg
 
     def resolve(self, path: str, root: Path) -> Path:

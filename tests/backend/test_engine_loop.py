@@ -145,3 +145,52 @@ def test_admission_bound_refuses_at_once_then_admits_again(engine, tokenizer):
     while not sinks[2].done:
         loop.step()
     assert sinks[2].chunks[-1].finish_reason in ("stop", "length")
+
+
+LONG_PROMPT = " ".join(f"Item {i}: the {w} is blue." for i, w in enumerate(["sky", "sea", "ink", "jay"] * 6))
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_between_the_others_steps(engine, tokenizer):
+    """Chunks of at most prefill_chunk tokens at fixed boundaries; the running sequence emits
+    a token between every two chunks; the output equals the prompt's prefilled whole, alone."""
+    n = len(tokenizer(LONG_PROMPT).input_ids)
+    assert n > 96, n
+    alone = run_all(make_loop(engine, tokenizer, "off", max_batch=1, prefill_chunk=0), [greedy(LONG_PROMPT, 8)])[0]
+    loop = make_loop(engine, tokenizer, "off", max_batch=4, prefill_chunk=32)
+    calls, forward = [], engine.forward
+    engine.forward = lambda slots, starts, tokens, **kw: calls.append((list(slots), starts[0], len(tokens[0]))) \
+        or forward(slots, starts, tokens, **kw)
+    try:
+        short, long = ListSink(), ListSink()
+        loop.submit(greedy("Tell me about the sea.", 60, stream=True), short)
+        loop.step()
+        loop.submit(greedy(LONG_PROMPT, 8), long)
+        emitted = []
+        while not long.done:
+            loop.step()
+            emitted.append(len(loop.running[0].tokens) if loop.running else None)
+    finally:
+        engine.forward = forward
+    chunks = [(start, length) for slots, start, length in calls if slots == [1]]  # the long prompt's slot
+    assert chunks == [(st, min(32, n - st)) for st in range(0, n, 32)], calls[:8]
+    prefill_steps = (n + 31) // 32
+    assert len(set(emitted[:prefill_steps])) == prefill_steps, f"the short sequence stalled: {emitted}"
+    assert long.text == alone.text
+
+
+def test_a_sequence_cancelled_or_preempted_while_prefilling_gives_back_its_blocks(engine, tokenizer):
+    loop = make_loop(engine, tokenizer, "off", max_batch=4, prefill_chunk=32)
+    sink = ListSink()
+    loop.submit(greedy(LONG_PROMPT, 8), sink)
+    loop.step()
+    seq = loop.running[0]
+    assert seq.prefilling and 0 < seq.kv_len < seq.prefill_len and not seq.joined
+    loop._preempt(seq)
+    assert seq.seq_id not in loop.pool and loop.waiting[0] is seq and seq.kv_len == 0
+    loop.step()  # back in, first chunk again
+    assert loop.running[0] is seq and seq.kv_len == 32
+    sink.cancel = True
+    time.sleep(loop.cfg.cancel_poll_s)
+    loop.step()
+    assert sink.done and sink.chunks[-1].finish_reason == "cancelled"
+    assert not loop.running and loop.pool.num_free == loop.pool.num_blocks

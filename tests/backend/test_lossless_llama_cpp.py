@@ -88,17 +88,35 @@ def test_every_policy_is_lossless_on_llama_cpp(engine, tokenizer, plain, drafter
         assert loop.stats.drafted > 0, f"{name} never speculated"
 
 
-def test_lossless_under_preemption(engine, tokenizer):
+@pytest.mark.parametrize("chunk", [128, 16], ids=["served-chunk", "chunk16"])
+def test_lossless_under_preemption(engine, tokenizer, chunk):
     """16 requests of 64 new tokens in 8 slots under a KV budget that holds the longest one and
     little more: sequences are preempted (their cells removed) and recomputed later, and still
-    produce the text plain decoding gives them alone with an unconstrained budget."""
+    produce the text plain decoding gives them alone with an unconstrained budget. With 16-token
+    prefill chunks, sequences are also preempted halfway through their prefill."""
     prompts, n = PROMPTS[:16], 64
     want = [s.chunks[-1].text for s in run_all(make_loop(engine, tokenizer, "off", max_batch=1),
                                                [greedy(p, n) for p in prompts])]
     longest = max(len(tokenizer(p).input_ids) for p in prompts) + n
     budget = (longest + 3 * 16) * engine.kv_bytes_per_token
-    loop = make_loop(engine, tokenizer, "static", max_batch=8, kv_budget_bytes=budget, drafter="ngram", gamma=3)
+    loop = make_loop(engine, tokenizer, "static", max_batch=8, kv_budget_bytes=budget, drafter="ngram", gamma=3,
+                     prefill_chunk=chunk)
     got = [s.chunks[-1].text for s in run_all(loop, [greedy(p, n) for p in prompts])]
     differ = [p[:40] for p, a, b in zip(prompts, want, got) if a != b]
     assert not differ, f"under a tight KV budget {len(differ)} of {len(prompts)} outputs differ: {differ[:3]}"
     assert loop.stats.preemptions > 0, "the budget never forced a preemption: the test proves little"
+
+
+def test_chunked_prefill_is_lossless(engine, tokenizer):
+    """Long prompts prefilled in 64-token chunks, between the decode and verification steps of a
+    batch of 8 (n-gram speculation), give the text they give prefilled whole, alone."""
+    longs = [" ".join(PROMPTS[i: i + 12]) for i in range(0, 48, 12)]
+    lengths = [len(tokenizer(p).input_ids) for p in longs]
+    assert min(lengths) > 128 and max(lengths) + MAX_TOKENS < engine.max_context, lengths
+    prompts = PROMPTS[:4] + longs + PROMPTS[4:8]
+    want = texts(make_loop(engine, tokenizer, "off", max_batch=1, prefill_chunk=0), prompts)
+    loop = make_loop(engine, tokenizer, "static", max_batch=8, prefill_chunk=64, drafter="ngram", gamma=3)
+    got = texts(loop, prompts)
+    differ = [p[:40] for p, a, b in zip(prompts, want, got) if a != b]
+    assert not differ, f"with chunked prefill {len(differ)} of {len(prompts)} outputs differ: {differ[:3]}"
+    assert loop.stats.drafted > 0
