@@ -18,7 +18,10 @@ reaches Triton the edge
   decoupled model sends, so "server overloaded" becomes 503 (with Retry-After) and
   "internal error" 500;
 - passes everything else through unchanged, streaming included (a client that disconnects
-  closes the upstream connection, which cancels its request).
+  closes the upstream connection, which cancels its request);
+- tells the model when a client leaves before its response is complete (CancelMarks): Triton
+  2.51's HTTP front end notices only when it next writes to it, so a request still waiting in
+  the queue, or a /generate still generating, would otherwise run to its end.
 """
 from __future__ import annotations
 
@@ -28,6 +31,9 @@ import json
 import logging
 import math
 import re
+import time
+import uuid
+from pathlib import Path
 from typing import Optional
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
@@ -49,6 +55,12 @@ INFER = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?/infer$")
 # (model_repository/llm_unary) instead. Its responses name llm_unary as the model.
 UNARY_ROUTES = {"llm": "llm_unary", "ensemble": "llm_unary", "tensorrt_llm_bls": "llm_unary"}
 INFER_HEADER = "Inference-Header-Content-Length"
+# The edge's own id of a request the model computes. Triton 2.51 forwards headers
+# (--http-header-forward-pattern, backend/launcher.py) as request parameters on /infer only, not on
+# /generate: there the id goes into the body's "parameters". llm_unary passes it on to llm
+# (backend/triton_forward.py), whose response sender watches for its cancel mark (backend/triton_adapter.py).
+REQUEST_ID = "specserve_request_id"
+REQUEST_ID_HEADER = "specserve-request-id"
 
 _INT_RANGES = {f"TYPE_INT{b}": (-(1 << (b - 1)), (1 << (b - 1)) - 1) for b in (8, 16, 32, 64)}
 _INT_RANGES.update({f"TYPE_UINT{b}": (0, (1 << b) - 1) for b in (8, 16, 32, 64)})
@@ -149,6 +161,14 @@ def unknown_input_message(name: str, input_types: dict) -> str:
             f"{', '.join(sorted(input_types))})")
 
 
+def _check_infer(body) -> None:
+    """The request id parameter is the edge's own (REQUEST_ID_HEADER): a client's would reach the
+    unary model next to it."""
+    params = body.get("parameters") if isinstance(body, dict) else None
+    if isinstance(params, dict) and any(k.lower() in (REQUEST_ID, REQUEST_ID_HEADER) for k in params):
+        raise EdgeError(400, f"parameters.{REQUEST_ID_HEADER} is reserved: the server sets it")
+
+
 def status_for_model_error(status: int, message: str) -> int:
     """Triton 2.51 answers 400 for every error a decoupled model sends: restore the class."""
     if status == 400 and message.startswith((OVERLOADED_PREFIX, SHUTDOWN_PREFIX)):
@@ -166,10 +186,38 @@ def error_response(status: int, message: str, stream: bool = False) -> web.Respo
     return web.json_response({"error": message}, status=status, headers=headers)
 
 
+class CancelMarks:
+    """The cancel marks of one server: an empty file named by a request's id in `directory` (made
+    by backend/launcher.py, SPECSERVE_CANCEL_DIR) says that its HTTP client has gone. The model
+    polls for it like for a gRPC cancel and removes it when the request ends; marks it never
+    removes (the request had already ended, or its last send failed) are pruned here after a minute."""
+
+    PRUNE_AGE_S, PRUNE_EVERY_S = 60.0, 10.0
+
+    def __init__(self, directory):
+        self.dir, self._pruned = Path(directory), 0.0
+
+    def mark(self, rid: str) -> None:
+        try:
+            (self.dir / rid).touch()
+        except OSError as e:
+            log.warning("could not mark request %s cancelled: %r", rid, e)
+        now = time.time()
+        if now - self._pruned >= self.PRUNE_EVERY_S:
+            self._pruned = now
+            for p in self.dir.glob("*"):
+                try:
+                    if now - p.stat().st_mtime > self.PRUNE_AGE_S:
+                        p.unlink()
+                except OSError:
+                    pass
+
+
 class Edge:
     def __init__(self, upstream: str, max_body_bytes: int = MAX_BODY_BYTES, max_depth: int = MAX_DEPTH,
                  grpc_upstream: Optional[str] = None, draining: Optional[asyncio.Event] = None,
-                 admin_key: Optional[str] = None, upstream_admin_key: Optional[str] = None):
+                 admin_key: Optional[str] = None, upstream_admin_key: Optional[str] = None,
+                 cancel_dir: Optional[str] = None):
         self.upstream = upstream.rstrip("/")  # e.g. http://127.0.0.1:18000
         # Set when shutdown begins: every new request gets 503 (readiness too), in-flight ones go on.
         self.draining = draining
@@ -179,6 +227,7 @@ class Edge:
         self.admin_key, self.upstream_admin_key = admin_key, upstream_admin_key
         self.grpc_upstream = grpc_upstream  # Triton's gRPC, e.g. 127.0.0.1:8001: serves the OpenAI API
         self.max_body_bytes, self.max_depth = max_body_bytes, max_depth
+        self.marks = CancelMarks(cancel_dir) if cancel_dir else None  # None: requests are not tagged
         self.session: Optional[ClientSession] = None
         self._configs: dict = {}  # model -> Triton's model config (JSON)
 
@@ -202,7 +251,7 @@ class Edge:
 
     def _upstream_headers(self, request: web.Request) -> dict:
         headers = {k: v for k, v in request.headers.items()
-                   if k.lower() not in HOP_BY_HOP and k.lower() != ADMIN_HEADER}
+                   if k.lower() not in HOP_BY_HOP and k.lower() not in (ADMIN_HEADER, REQUEST_ID_HEADER)}
         key = request.headers.get(ADMIN_HEADER)
         if key is not None and self.admin_key and self.upstream_admin_key and \
                 hmac.compare_digest(key.encode(), self.admin_key.encode()):
@@ -257,9 +306,10 @@ class Edge:
         path = request.path.replace(f"/models/{m['model']}/", f"/models/{target}/", 1)
         return str(request.rel_url.with_path(path).with_query(request.rel_url.query))
 
-    async def _check(self, request: web.Request, body: bytes) -> None:
+    async def _check(self, request: web.Request, body: bytes):
+        """EdgeError if the body is refused; -> the parsed body of a generate request, else None."""
         if not body and request.method in ("GET", "HEAD", "DELETE"):
-            return
+            return None
         header_len = request.headers.get(INFER_HEADER)
         if header_len is not None:  # binary tensor data follows a JSON header
             try:
@@ -268,23 +318,60 @@ class Edge:
                 raise EdgeError(400, f"{INFER_HEADER} must be an integer") from None
             if not 0 <= n <= len(body):
                 raise EdgeError(400, f"{INFER_HEADER} {n} does not fit the {len(body)}-byte body")
-            parse_json(body[:n], self.max_depth)
-            return
+            _check_infer(parse_json(body[:n], self.max_depth))
+            return None
         m = GENERATE.match(request.path)
         if m:
-            check_generate(parse_json(body, self.max_depth), await self._model_inputs(m["model"]))
-        elif body:
-            parse_json(body, self.max_depth)
+            parsed = parse_json(body, self.max_depth)
+            check_generate(parsed, await self._model_inputs(m["model"]))
+            return parsed
+        if body:
+            parsed = parse_json(body, self.max_depth)
+            if INFER.match(request.path):
+                _check_infer(parsed)
+        return None
+
+    def _tag(self, generate, body: bytes, path: str, headers: dict) -> tuple:
+        """A fresh id for a request the model computes: a generate body's parameter, or on /infer
+        to the unary model a header Triton forwards. -> (id or None, body to send). Any id the
+        client sent is replaced (its header was dropped, see _upstream_headers)."""
+        if self.marks is None:
+            return None, body
+        rid = uuid.uuid4().hex
+        if isinstance(generate, dict):
+            params = generate.get("parameters", {})
+            if not isinstance(params, dict):  # not ours to fix: left to Triton as it is
+                return None, body
+            generate["parameters"] = dict(params, **{REQUEST_ID: rid})
+            return rid, json.dumps(generate).encode()
+        m = INFER.match(path.split("?", 1)[0])
+        if m and m["model"] in UNARY_ROUTES.values():
+            headers[REQUEST_ID_HEADER] = rid
+            return rid, body
+        return None, body
+
+    def _client_left(self, rid: Optional[str]) -> None:
+        if rid is not None:
+            self.marks.mark(rid)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         stream = request.path.endswith("/generate_stream")
         try:
             body = await self._read_body(request)
-            await self._check(request, body)
+            generate = await self._check(request, body)
         except EdgeError as e:
             return error_response(e.status, e.message, stream)
         headers = self._upstream_headers(request)
-        url = f"{self.upstream}{await self._route(request)}"
+        path = await self._route(request)
+        rid, body = self._tag(generate, body, path, headers)
+        try:
+            return await self._forward(request, f"{self.upstream}{path}", body, headers, stream, rid)
+        except asyncio.CancelledError:  # the client left first (aiohttp cancels the handler)
+            self._client_left(rid)
+            raise
+
+    async def _forward(self, request: web.Request, url: str, body: bytes, headers: dict, stream: bool,
+                       rid: Optional[str]) -> web.StreamResponse:
         try:
             async with self.session.request(request.method, url, data=body or None, headers=headers) as up:
                 out_headers = {k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP}
@@ -295,7 +382,11 @@ class Edge:
                 await resp.prepare(request)
                 try:
                     async for chunk in up.content.iter_any():
-                        await resp.write(chunk)  # raises if the client has gone: closes upstream, cancels it
+                        try:
+                            await resp.write(chunk)
+                        except ConnectionResetError:  # the client has gone: closing upstream cancels it
+                            self._client_left(rid)
+                            return resp
                 except (ClientError, asyncio.TimeoutError) as e:  # upstream broke mid-stream: end ours
                     log.warning("upstream %s %s broke mid-stream: %r", request.method, request.path, e)
                     if request.transport is not None:

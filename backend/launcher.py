@@ -9,7 +9,8 @@ HTTP on a private loopback port. gRPC and metrics are Triton's. Model control, t
 repository index, shared-memory registration, logging and trace settings are restricted
 over HTTP to requests carrying the header `specserve-admin-key: $SPECSERVE_ADMIN_KEY` (checked
 by the edge, which passes Triton a per-start internal key instead; unset: nobody) and closed on
-gRPC, so the admin key is on no command line.
+gRPC, so the admin key is on no command line. The edge marks requests whose HTTP client left in
+SPECSERVE_CANCEL_DIR (a directory of this process's, removed at exit), which the model polls.
 
 Lifecycle. On SIGTERM / SIGINT shutdown begins: the edge answers 503 to every new request
 (readiness too), the model refuses new gRPC requests with UNAVAILABLE ("server shutting down";
@@ -53,6 +54,7 @@ class Ports:
 
 
 ADMIN_HEADER = "specserve-admin-key"
+REQUEST_ID_HEADER = "specserve-request-id"  # backend/edge.py: the edge's id of an /infer request
 RESTRICTED = "model-repository,shared-memory,logging,trace"  # Triton's API / protocol group names
 # gRPC metadata values are printable ASCII: a key with a control character can never be sent, so
 # Triton's restricted gRPC protocols are closed to everyone (admins use HTTP through the edge).
@@ -90,6 +92,8 @@ def server_command(model_repository: Path, ports: Ports, log_verbose: int = 0, u
             f"--metrics-address={bind}", f"--metrics-port={ports.metrics}",
             f"--http-restricted-api={RESTRICTED}:{ADMIN_HEADER}={key}",
             f"--grpc-restricted-protocol={RESTRICTED}:{ADMIN_HEADER}={UNSENDABLE_KEY}",
+            # the edge's request id reaches the model as a request parameter (/infer only in Triton 2.51)
+            f"--http-header-forward-pattern=^{REQUEST_ID_HEADER}$",
             "--allow-gpu-metrics=false", "--allow-cpu-metrics=true", f"--log-verbose={log_verbose}",
             f"--exit-timeout-secs={EXIT_TIMEOUT_S}"]
 
@@ -297,7 +301,12 @@ class Supervisor:
         self.drain_s, self.max_restarts, self.restart_window_s = drain_s, max_restarts, restart_window_s
         self.workdir = Path(tempfile.mkdtemp(prefix="specserve-"))
         self.drain_file = self.workdir / "drain"
-        self.env = server_env({"SPECSERVE_DRAIN_FILE": str(self.drain_file)})
+        # The edge marks requests whose HTTP client left here; the model polls the marks (backend/edge.py
+        # CancelMarks). Removed with the workdir at exit.
+        self.cancel_dir = self.workdir / "cancelled"
+        self.cancel_dir.mkdir()
+        self.env = server_env({"SPECSERVE_DRAIN_FILE": str(self.drain_file),
+                               "SPECSERVE_CANCEL_DIR": str(self.cancel_dir)})
         self.env.pop("SPECSERVE_ADMIN_KEY", None)  # Triton needs none of it
         self.proc: subprocess.Popen | None = None
         self.restarts: list = []  # monotonic times of restarts within the window
@@ -388,7 +397,8 @@ class Supervisor:
         edge_task = asyncio.create_task(edge.serve(
             self.bind, self.ports.http, f"http://127.0.0.1:{self.ports.triton_http}", edge_stop,
             shutdown_timeout=EXIT_TIMEOUT_S + 2, grpc_upstream=f"127.0.0.1:{self.ports.grpc}", draining=draining,
-            admin_key=self.admin_key, upstream_admin_key=self.upstream_admin_key, **self.limits))
+            admin_key=self.admin_key, upstream_admin_key=self.upstream_admin_key, cancel_dir=str(self.cancel_dir),
+            **self.limits))
         failed = False
         while True:
             stub_died = await self._watch(stop, edge_task)

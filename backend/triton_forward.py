@@ -31,6 +31,7 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 TEXT = "text_output"
 OVERLOADED_PREFIX, INTERNAL_PREFIX = "server overloaded", "internal error"  # backend/edge.py's
 SHUTDOWN_PREFIX = "server shutting down"  # backend/request.py
+REQUEST_ID, REQUEST_ID_HEADER = "specserve_request_id", "specserve-request-id"  # backend/edge.py's
 
 
 def error_code(code, message: str):
@@ -103,6 +104,18 @@ def join_responses(outputs: list, prefix=b"") -> dict:
     return out
 
 
+def request_id(request):
+    """The HTTP edge's id of the request (backend/edge.py): a header Triton forwards as a parameter
+    on /infer, or a body parameter on /generate. Passed on to llm, which watches for its cancel mark
+    (backend/triton_adapter.py): Triton 2.51 does not tell a model when an HTTP client leaves."""
+    try:
+        params = json.loads(request.parameters() or "{}")
+    except (ValueError, AttributeError):
+        return None
+    return next((v for k, v in params.items() if k.lower() in (REQUEST_ID, REQUEST_ID_HEADER) and isinstance(v, str)),
+                None)
+
+
 class TritonPythonModel:
     def initialize(self, args):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -136,13 +149,15 @@ class TritonPythonModel:
                 log.exception("could not read a request's inputs")
                 self._error(sender, "internal error while accepting this request; see the server log", "INTERNAL")
                 continue
-            threading.Thread(target=self._forward, args=(inputs, prefix, sender), name="unary", daemon=True).start()
+            threading.Thread(target=self._forward, args=(inputs, prefix, sender, request_id(request)), name="unary",
+                             daemon=True).start()
         return None
 
-    def _forward(self, inputs, prefix: bytes, sender) -> None:
+    def _forward(self, inputs, prefix: bytes, sender, rid=None) -> None:
         try:
             bls = pb_utils.InferenceRequest(model_name=self.target, inputs=inputs,
-                                            requested_output_names=self.output_names)
+                                            requested_output_names=self.output_names,
+                                            **({"parameters": {REQUEST_ID: rid}} if rid else {}))
             responses = bls.exec(decoupled=True)
             outputs = []
             for resp in responses:

@@ -95,3 +95,84 @@ def test_infer_on_a_decoupled_model_goes_to_the_unary_model():
     assert route("/v2/models/other/infer") == "/v2/models/other/infer"
     served.clear()  # a repository without the unary model: Triton's own answer
     assert route("/v2/models/llm/infer") == "/v2/models/llm/infer"
+
+
+def test_requests_carry_the_edges_own_id_and_a_client_that_leaves_is_marked(tmp_path):
+    """The edge tags what the model computes with a fresh id (a client's is replaced) and, when the
+    client leaves before its response, marks that id cancelled (the model polls the mark)."""
+    import asyncio
+    import json
+    import re
+
+    from aiohttp import ClientSession, web
+    from aiohttp.test_utils import TestServer
+
+    from backend.edge import REQUEST_ID, REQUEST_ID_HEADER, Edge
+
+    seen, arrived = [], asyncio.Event()
+
+    async def triton(request):  # stands in for Triton's HTTP
+        if request.path.endswith("/config"):
+            return web.json_response({"input": [{"name": "text_input", "data_type": "TYPE_STRING"}]})
+        seen.append((request.path, request.headers.get(REQUEST_ID_HEADER), await request.read()))
+        arrived.set()
+        if "/slow/" in request.path:
+            await asyncio.sleep(60)  # still generating when the client leaves
+        return web.json_response({"text_output": "ok"})
+
+    async def main():
+        upstream = web.Application()
+        upstream.router.add_route("*", "/{tail:.*}", triton)
+        async with TestServer(upstream) as up:
+            edge = Edge(str(up.make_url("")).rstrip("/"), cancel_dir=str(tmp_path))
+            async with TestServer(edge.app(), handler_cancellation=True) as front:
+                evil = {REQUEST_ID_HEADER: "0" * 32}
+                async with ClientSession() as client:
+                    body = {"text_input": "hi", "parameters": {REQUEST_ID: "0" * 32, "priority": 1}}
+                    async with client.post(front.make_url("/v2/models/llm/generate"), json=body, headers=evil) as r:
+                        assert r.status == 200
+                    async with client.post(front.make_url("/v2/models/llm/infer"), json={"inputs": []},
+                                           headers=evil) as r:
+                        assert r.status == 200
+                    async with client.get(front.make_url("/v2/health/ready"), headers=evil) as r:
+                        assert r.status == 200
+                    async with client.post(front.make_url("/v2/models/llm/infer"),
+                                           json={"inputs": [], "parameters": {"Specserve-Request-Id": "x"}}) as r:
+                        assert r.status == 400 and "reserved" in (await r.json())["error"]
+                arrived.clear()
+                reader, writer = await asyncio.open_connection(front.host, front.port)
+                payload = json.dumps({"text_input": "hi"}).encode()
+                writer.write(b"POST /v2/models/slow/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
+                await writer.drain()
+                await asyncio.wait_for(arrived.wait(), 10)
+                writer.close()  # the client leaves before any response
+                for _ in range(100):
+                    if list(tmp_path.iterdir()):
+                        break
+                    await asyncio.sleep(0.05)
+
+    asyncio.run(main())
+    (gen_path, gen_header, gen_body), (infer_path, infer_header, _), (health_path, health_header, _), \
+        (_, _, slow_body) = seen
+    gen_id = json.loads(gen_body)["parameters"][REQUEST_ID]
+    assert re.fullmatch("[0-9a-f]{32}", gen_id) and gen_id != "0" * 32 and gen_header is None
+    assert json.loads(gen_body)["parameters"]["priority"] == 1
+    assert infer_path == "/v2/models/llm_unary/infer"  # Triton forwards this header to the model on /infer
+    assert re.fullmatch("[0-9a-f]{32}", infer_header) and infer_header not in ("0" * 32, gen_id)
+    assert health_header is None  # nothing the model computes: untagged, the client's header dropped
+    assert [p.name for p in tmp_path.iterdir()] == [json.loads(slow_body)["parameters"][REQUEST_ID]]
+
+
+def test_cancel_marks_older_than_a_minute_are_pruned(tmp_path):
+    import os
+    import time
+
+    from backend.edge import CancelMarks
+
+    old = tmp_path / ("a" * 32)
+    old.touch()
+    os.utime(old, (time.time() - 120, time.time() - 120))
+    (tmp_path / ("b" * 32)).touch()
+    CancelMarks(tmp_path).mark("c" * 32)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b" * 32, "c" * 32]

@@ -63,10 +63,11 @@ class Llm:
     """The decoupled model behind: records each BLS request, answers with canned responses."""
 
     def __init__(self, responses):
-        self.responses, self.requests = responses, []
+        self.responses, self.requests, self.parameters = responses, [], []
 
-    def request(self, model_name, inputs, requested_output_names):
+    def request(self, model_name, inputs, requested_output_names, **kwargs):
         llm = self
+        self.parameters.append(kwargs.get("parameters"))
 
         class Req:
             def exec(self, decoupled):
@@ -90,11 +91,14 @@ class Sender:
 
 
 class Request:
-    def __init__(self, values, sender):
-        self.values, self.sender = values, sender
+    def __init__(self, values, sender, parameters="{}"):
+        self.values, self.sender, self._parameters = values, sender, parameters
 
     def get_response_sender(self):
         return self.sender
+
+    def parameters(self):
+        return self._parameters
 
 
 CONFIG = {"input": [{"name": n} for n in ("text_input", "max_tokens", "stream", "exclude_input_in_output")],
@@ -114,13 +118,13 @@ def forward(monkeypatch):
     module = importlib.import_module("backend.triton_forward")
     module = importlib.reload(module)  # bound to this stand-in
 
-    def run(values, responses, cancelled=False):
+    def run(values, responses, cancelled=False, parameters="{}"):
         llm = Llm(responses)
         pb.InferenceRequest = llm.request
         model = module.TritonPythonModel()
         model.initialize({"model_config": json.dumps(CONFIG)})
         sender = Sender(cancelled)
-        assert model.execute([Request(values, sender)]) is None  # answers from its own thread
+        assert model.execute([Request(values, sender, parameters)]) is None  # answers from its own thread
         assert sender.done.wait(10)
         time.sleep(0.05)  # nothing more is sent
         (response, flags), = sender.sent
@@ -188,6 +192,16 @@ def test_error_kind_from_the_message_when_bls_loses_the_code(forward, message, c
 def test_cancelled_request_cancels_llm(forward):
     llm, response = forward(prompt(), STEPS, cancelled=True)
     assert llm.iterator.cancelled and response.error().code() == "CANCELLED"
+
+
+def test_the_edges_request_id_is_passed_on_to_llm(forward):
+    """llm watches for the HTTP edge's cancel mark of this id (Triton forwards the edge's header on
+    /infer as a parameter, keeping the header's spelling)."""
+    rid = "0123456789abcdef" * 2
+    llm, _ = forward(prompt(), STEPS, parameters=json.dumps({"Specserve-Request-Id": rid}))
+    assert llm.parameters == [{"specserve_request_id": rid}]
+    llm, _ = forward(prompt(), STEPS)  # no edge (gRPC): nothing added
+    assert llm.parameters == [None]
 
 
 def test_per_token_outputs_are_joined_along_the_token_axis(forward):

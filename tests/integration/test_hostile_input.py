@@ -206,9 +206,8 @@ def _open_stream(srv, max_tokens, prompt="1, 2, 3, 4, 5, 6, 7, 8,"):  # counts o
 
 def test_admission_overflow_and_dropped_waiters(hostile):
     """max_batch 2 running + max_queue 2 waiting: the next request is refused at once with 503
-    (gRPC: the same message); waiting requests whose clients cancel are dropped, not computed.
-    (gRPC only: Triton 2.51 does not tell the model when an HTTP client leaves before its first
-    response, so a waiting HTTP request is still computed; see README, Limits and errors.)"""
+    (gRPC: the same message); waiting requests whose clients cancel are dropped, not computed
+    (HTTP clients that leave: the tests below)."""
     hostile.wait_metric('specserve_sequences{state="running"}', lambda v: v == 0)
     hostile.wait_metric('specserve_sequences{state="waiting"}', lambda v: v == 0)
     before = hostile.metrics().get("specserve_requests_cancelled_total", 0)
@@ -241,4 +240,68 @@ def test_admission_overflow_and_dropped_waiters(hostile):
     hostile.wait_metric('specserve_sequences{state="running"}', lambda v: v == 0)
     good = GoodClient(hostile)
     good.check()
+    assert healthy(hostile)
+
+
+def _send_and_leave_later(srv, path, body: dict) -> http.client.HTTPConnection:
+    """Send a request whose answer will not be read: the caller closes the connection (leaves)."""
+    c = http.client.HTTPConnection("127.0.0.1", srv.ports.http, timeout=120)
+    c.request("POST", path, body=json.dumps(body).encode())
+    return c
+
+
+def _leave(c: http.client.HTTPConnection) -> None:
+    c.sock.close()
+    c.close()
+
+
+@pytest.mark.parametrize("path", [GEN, GEN + "_stream"], ids=["generate", "generate_stream"])
+def test_http_client_that_leaves_while_waiting_is_dropped_before_it_runs(hostile, path):
+    """Triton 2.51 notices a gone HTTP client only when it writes to it: a request waiting behind
+    a full batch would still be computed. The edge marks it cancelled (backend/edge.py CancelMarks),
+    so it is dropped from the queue like a cancelled gRPC stream, never prefilled."""
+    hostile.wait_metric('specserve_sequences{state="running"}', lambda v: v == 0)
+    hostile.wait_metric('specserve_sequences{state="waiting"}', lambda v: v == 0)
+    runners = [_open_stream(hostile, 250) for _ in range(2)]
+    try:
+        for c in runners:
+            assert c.getresponse().read1(64).startswith(b"data:")  # running, prefill done
+        waiter = _send_and_leave_later(hostile, path, {"text_input": "Tell me a long story about a cat.",
+                                                       "max_tokens": 200, "stream": path.endswith("_stream")})
+        hostile.wait_metric('specserve_sequences{state="waiting"}', lambda v: v == 1)
+        before = hostile.metrics()  # published together (every 0.5 s): the runners' prefill is in
+        _leave(waiter)
+        hostile.wait_metric('specserve_sequences{state="waiting"}', lambda v: v == 0, timeout=15)
+        after = hostile.metrics()
+        assert after["specserve_requests_cancelled_total"] == before.get("specserve_requests_cancelled_total", 0) + 1
+        assert after['specserve_sequences{state="running"}'] == 2  # the slots stayed the runners'
+        assert after["specserve_prefill_tokens_total"] == before["specserve_prefill_tokens_total"]  # never computed
+    finally:
+        for c in runners:
+            _leave(c)
+    hostile.wait_metric('specserve_sequences{state="running"}', lambda v: v == 0)
+    assert healthy(hostile)
+
+
+INFER_BODY = {"inputs": [{"name": "text_input", "shape": [1, 1], "datatype": "BYTES", "data": ["1, 2, 3, 4, 5, 6, 7, 8,"]},
+                         {"name": "max_tokens", "shape": [1, 1], "datatype": "INT32", "data": [250]}]}
+
+
+@pytest.mark.parametrize("path,body", [
+    (GEN, {"text_input": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 250}),
+    ("/v2/models/llm/infer", INFER_BODY),  # the edge sends it to llm_unary, which asks llm (BLS)
+], ids=["generate", "infer"])
+def test_http_client_that_leaves_while_generating_stops_it(hostile, path, body):
+    """A non-streaming request sends nothing until it ends, so Triton 2.51 would generate all 250
+    tokens for a client that left; the edge's cancel mark stops it at the next poll."""
+    hostile.wait_metric('specserve_sequences{state="running"}', lambda v: v == 0)
+    before = hostile.metrics()
+    c = _send_and_leave_later(hostile, path, body)
+    hostile.wait_metric('specserve_sequences{state="running"}', lambda v: v == 1)  # generating
+    _leave(c)
+    hostile.wait_metric('specserve_sequences{state="running"}', lambda v: v == 0, timeout=15)
+    after = hostile.metrics()
+    assert after["specserve_requests_cancelled_total"] == before.get("specserve_requests_cancelled_total", 0) + 1
+    assert after.get("specserve_requests_finished_total", 0) == before.get("specserve_requests_finished_total", 0)
+    assert after["specserve_tokens_emitted_total"] - before.get("specserve_tokens_emitted_total", 0) < 200
     assert healthy(hostile)
