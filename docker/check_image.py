@@ -4,13 +4,15 @@
     python3 docker/check_image.py constraints REQUIREMENTS > FILE.txt  pin everything else installed
     python3 docker/check_image.py unchanged FILE.json                  fail if any recorded version moved
 
-`snapshot` records the versions of the packages our code imports from the image (TensorRT-LLM,
-torch, transformers, tokenizers, safetensors, numpy, PyYAML) and fails unless TensorRT-LLM is the
-expected line and numpy < 2 (Triton's Python backend breaks BYTES tensors with numpy 2; see
-docs/environment.md). `constraints` turns every installed distribution that REQUIREMENTS does not
-name into an exact pin, so installing REQUIREMENTS can add packages but never upgrade or downgrade
-one of the image's. `unchanged` re-reads the versions after the install. None of this imports
-tensorrt_llm (that needs a GPU driver, which a build does not have).
+`snapshot` checks the packages our code imports from the image (TensorRT-LLM, torch, transformers,
+tokenizers, safetensors, numpy, PyYAML, jinja2): all present, TensorRT-LLM the expected line,
+numpy < 2 (Triton's Python backend breaks BYTES tensors with numpy 2; see docs/environment.md);
+then it records the version of every installed distribution. `constraints` turns every installed
+distribution that REQUIREMENTS does not name into an exact pin, so installing REQUIREMENTS can add
+packages but never upgrade or downgrade one of the image's. `unchanged` re-reads every version
+after the install: a package the image had that moved or vanished fails the build (one that
+REQUIREMENTS names and the image already had included). None of this imports tensorrt_llm (that
+needs a GPU driver, which a build does not have).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-RELIED_ON = ("tensorrt_llm", "torch", "transformers", "tokenizers", "safetensors", "numpy", "PyYAML")
+RELIED_ON = ("tensorrt_llm", "torch", "transformers", "tokenizers", "safetensors", "numpy", "PyYAML", "jinja2")
 
 
 def norm(name: str) -> str:
@@ -38,6 +40,11 @@ def versions() -> dict:
     return out
 
 
+def installed() -> dict:
+    """Every installed distribution: normalized name -> version."""
+    return {norm(d.metadata["Name"]): d.version for d in metadata.distributions() if d.metadata["Name"]}
+
+
 def snapshot(path: Path, trtllm_prefix: str) -> int:
     found = versions()
     missing = [n for n, v in found.items() if v is None]
@@ -51,7 +58,7 @@ def snapshot(path: Path, trtllm_prefix: str) -> int:
     if int(found["numpy"].split(".")[0]) >= 2:
         print(f"[check_image] numpy {found['numpy']}: Triton's Python backend needs numpy < 2", file=sys.stderr)
         return 1
-    path.write_text(json.dumps(found, indent=1) + "\n")
+    path.write_text(json.dumps({"relied_on": found, "installed": installed()}, indent=1) + "\n")
     print(f"[check_image] base image: {found}")
     return 0
 
@@ -76,11 +83,15 @@ def constraints(requirements: Path) -> int:
     return 0
 
 
+def moved(before: dict, after: dict) -> dict:
+    """Packages of `before` whose version changed or that are gone: name -> (before, after)."""
+    return {n: (v, after.get(n)) for n, v in before.items() if after.get(n) != v}
+
+
 def unchanged(path: Path) -> int:
-    before, after = json.loads(path.read_text()), versions()
-    moved = {n: (before[n], after.get(n)) for n in before if before[n] != after.get(n)}
-    if moved:
-        print(f"[check_image] installing our requirements changed the image's packages: {moved}", file=sys.stderr)
+    changed = moved(json.loads(path.read_text())["installed"], installed())
+    if changed:
+        print(f"[check_image] installing our requirements changed the image's packages: {changed}", file=sys.stderr)
         return 1
     print("[check_image] the image's packages are unchanged")
     return 0

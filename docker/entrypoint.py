@@ -1,10 +1,13 @@
 """Entry point of the containers (docker/Dockerfile, docker/Dockerfile.trtllm).
 
-    entrypoint.py serve     start Triton with the project's model repository (the CPU image's default);
+    entrypoint.py serve     start the server (launcher + HTTP edge + Triton) with the project's model repository
+                            (both images' default);
                             with SPECSERVE_AUTO_PREPARE=1 it runs `prepare` first
     entrypoint.py prepare   fill the model cache, offline: convert the default model from the GGUF baked
                             into the image and measure this host's step-time profile (scripts/setup.sh
-                            steps 3-5); each part is skipped when already there
+                            steps 3-5); each part is skipped when already there. On the GPU image
+                            (SPECSERVE_ENGINE=trtllm): build_engines/prepare_trtllm.py for the served
+                            checkpoint (LLM-API settings, drafters, manifest; the cache mounted writable)
     entrypoint.py check     exit 0 iff Triton answers 200 on /v2/health/ready (the health check)
 
 The model cache is a volume mounted at /cache (models/, drafters/, profiles/); the image links
@@ -76,6 +79,8 @@ def run(*args: str) -> None:
 
 def prepare() -> int:
     """scripts/setup.sh steps 3-5 into the cache volume; a part already there costs nothing."""
+    if os.environ.get("SPECSERVE_ENGINE") == "trtllm":
+        return prepare_trtllm()
     cache = ROOT / ".cache"
     for part in ("models", "drafters", "profiles"):
         (cache / part).resolve().mkdir(parents=True, exist_ok=True)  # the volume may be empty
@@ -93,6 +98,15 @@ def prepare() -> int:
         run("build_engines.profile_costs", "--engine", engine, "--repeats", "3", "--drafter-dir",
             str(cache / "drafters"), "--checkpoint", str(ckpt), "--out-dir", str(cache / "profiles"))
     log("model cache ready")
+    return 0
+
+
+def prepare_trtllm() -> int:
+    """The GPU image's model cache: the checkpoint must be there already (no network, no GGUF)."""
+    args = ["build_engines.prepare_trtllm", "--checkpoint", str(checkpoint())]
+    if os.environ.get("SPECSERVE_PREPARE_DRAFTERS"):
+        args += ["--build-drafters", os.environ["SPECSERVE_PREPARE_DRAFTERS"]]
+    run(*args)
     return 0
 
 

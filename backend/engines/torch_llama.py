@@ -101,13 +101,14 @@ class Linear:
         self.weight = weight.contiguous()
         self.packed = self.wide = None
         self.min_rows = self.MIN_ROWS if batch_invariant and weight.dtype == torch.bfloat16 else 1
-        if weight.dtype == torch.bfloat16 and native_bf16():
+        on_cpu = weight.device.type == "cpu"  # oneDNN packing and the fp32 copy are CPU kernels' needs
+        if on_cpu and weight.dtype == torch.bfloat16 and native_bf16():
             try:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 64)
                 self.weight = None  # the packed copy is the weight now: do not hold both
             except (RuntimeError, AttributeError):  # an older/other build: plain F.linear
                 self.packed = None
-        elif weight.dtype == torch.bfloat16 and not batch_invariant:
+        elif on_cpu and weight.dtype == torch.bfloat16 and not batch_invariant:
             self.wide = self.weight.float()
         self.nbytes = weight.numel() * weight.element_size() + (self.wide.numel() * 4 if self.wide is not None else 0)
 
@@ -118,6 +119,17 @@ class Linear:
             y = self._mul(torch.cat([flat, flat.new_zeros(self.min_rows - rows, x.shape[-1])]))
             return y[:rows].reshape(*x.shape[:-1], y.shape[-1])
         return self._mul(x)
+
+    def to(self, device: torch.device, shared: dict) -> None:
+        """Move the weight (and its fp32 copy) to `device`. `shared` maps a source tensor's data_ptr
+        to its moved copy, so a weight tied to the embedding stays one tensor."""
+        if self.packed is not None and device.type != "cpu":
+            raise ValueError("a oneDNN-packed weight cannot leave the CPU; build the engine with device=...")
+        if self.weight is not None:
+            moved = shared.get(self.weight.data_ptr())
+            self.weight = moved if moved is not None else self.weight.to(device)
+        if self.wide is not None:
+            self.wide = self.wide.to(device)
 
     def _mul(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
@@ -173,10 +185,15 @@ class TorchLlama:
     KV_TILE = 512  # batch-invariant attention: keys per call in whole 512-key blocks of the flash kernel
 
     def __init__(self, ckpt: str | Path, *, dtype: str = "bf16", max_slots: int = 8, max_context: int = 2048,
-                 batch_invariant: bool = True):
+                 batch_invariant: bool = True, device: str | torch.device = "cpu"):
+        """device: where weights, RoPE tables and the KV cache live (a model drafter beside
+        TensorRT-LLM runs on its GPU; the CPU engines are "cpu", the default)."""
         self.dtype = DTYPES[dtype]
+        self.device = torch.device(device)
         self.batch_invariant = batch_invariant and self.dtype == torch.bfloat16
         self.shape, w = load_checkpoint(Path(ckpt), self.dtype)
+        if self.device.type != "cpu":
+            w = {k: v.to(self.device) for k, v in w.items()}
         s = self.shape
         if max_context > s.max_positions:
             raise ValueError(f"max_context {max_context} exceeds the model's {s.max_positions} positions")
@@ -203,12 +220,49 @@ class TorchLlama:
         inv = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.float32) / s.head_dim))
         ang = torch.outer(torch.arange(max_context + 1, dtype=torch.float32), inv)
         ang = torch.cat([ang, ang], dim=-1)
-        self.cos, self.sin = ang.cos().to(self.dtype), ang.sin().to(self.dtype)
-        # KV cache: [slots, kv_heads, ctx + 1 scratch, head_dim] per layer; torch.zeros
-        # pages in lazily, so a generous max_slots costs memory only when used.
-        cache_shape = (max_slots, s.kv_heads, max_context + 1, s.head_dim)
-        self.k_cache = [torch.zeros(cache_shape, dtype=self.dtype) for _ in range(s.layers)]
-        self.v_cache = [torch.zeros(cache_shape, dtype=self.dtype) for _ in range(s.layers)]
+        self.cos, self.sin = ang.cos().to(self.dtype).to(self.device), ang.sin().to(self.dtype).to(self.device)
+        self._alloc_cache()
+
+    def _alloc_cache(self) -> None:
+        """KV cache: [slots, kv_heads, ctx + 1 scratch, head_dim] per layer; on the CPU torch.zeros
+        pages in lazily, so a generous max_slots costs memory only when used."""
+        s = self.shape
+        cache_shape = (self.max_slots, s.kv_heads, self.max_context + 1, s.head_dim)
+        self.k_cache = [torch.zeros(cache_shape, dtype=self.dtype, device=self.device) for _ in range(s.layers)]
+        self.v_cache = [torch.zeros(cache_shape, dtype=self.dtype, device=self.device) for _ in range(s.layers)]
+
+    # -- placement (a model drafter parked in host memory and brought back to its GPU) -----------
+    def to(self, device: str | torch.device, *, cache: bool = True) -> "TorchLlama":
+        """Move weights and RoPE tables to `device` (tied weights stay one tensor). cache=True moves
+        the KV cache too (or allocates a zeroed one there if it was freed); cache=False frees it and
+        forgets its contents (a parked drafter keeps no sequence). Returns self."""
+        dev = torch.device(device)
+        shared = {}
+
+        def move(t):
+            if t is None:
+                return None
+            moved = shared.get(t.data_ptr())
+            if moved is None:
+                moved = shared[t.data_ptr()] = t.to(dev)
+            return moved
+
+        self.embed, self.final_norm, self.cos, self.sin = (move(t) for t in (self.embed, self.final_norm,
+                                                                             self.cos, self.sin))
+        self.draft_vocab = move(self.draft_vocab)
+        self.lm_head.to(dev, shared)
+        for L in self.layers:
+            L.attn_norm, L.mlp_norm = move(L.attn_norm), move(L.mlp_norm)
+            for lin in (L.wqkv, L.wo, L.w_gate_up, L.w_down):
+                lin.to(dev, shared)
+        self.device = dev
+        if not cache:
+            self.k_cache = self.v_cache = []
+        elif self.k_cache:
+            self.k_cache, self.v_cache = [t.to(dev) for t in self.k_cache], [t.to(dev) for t in self.v_cache]
+        else:
+            self._alloc_cache()
+        return self
 
     # -- the engine contract's metadata (backend/engines/contract.py) ----------------
     supports_hidden = True  # forward(return_hidden=True) gives the final-normed hidden states
@@ -222,7 +276,7 @@ class TorchLlama:
     @property
     def kv_bytes_per_token(self) -> int:
         s = self.shape
-        return 2 * s.layers * s.kv_heads * s.head_dim * self.k_cache[0].element_size()
+        return 2 * s.layers * s.kv_heads * s.head_dim * torch.empty(0, dtype=self.dtype).element_size()
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -260,19 +314,22 @@ class TorchLlama:
             ids[b, : lens[b]] = torch.tensor(tokens[b], dtype=torch.long)
             valid[b, : lens[b]] = True
             pos[b] = torch.arange(starts[b], starts[b] + S)
+        dev = self.device
+        if dev.type != "cpu":  # built here, used where the weights are (a GPU drafter)
+            ids, pos, valid = ids.to(dev), pos.to(dev), valid.to(dev)
         rope_pos = pos.clamp(max=self.max_context)
         write_pos = torch.where(valid, pos, torch.full_like(pos, self.max_context))  # padding -> scratch
-        slot_t = torch.tensor(slots, dtype=torch.long)
+        slot_t = torch.tensor(slots, dtype=torch.long, device=dev)
         ctx_len = max(st + n for st, n in zip(starts, lens))
         g = s.heads // s.kv_heads
         if self.batch_invariant:  # whole key blocks: see _attend_invariant
             ctx_len = min(-(-ctx_len // self.KV_TILE) * self.KV_TILE, self.max_context + 1)
         # Flat cache row for (slot, kv_head, position): [B, kv_heads, S]
         C = self.max_context + 1
-        heads_t = torch.arange(s.kv_heads).view(1, -1, 1)
+        heads_t = torch.arange(s.kv_heads, device=dev).view(1, -1, 1)
         flat_idx = ((slot_t.view(-1, 1, 1) * s.kv_heads + heads_t) * C + write_pos.unsqueeze(1)).reshape(-1)
         # Causal mask over the cache prefix: query at position p sees keys 0..p.  [B, 1, S, ctx_len]
-        mask = torch.arange(ctx_len).view(1, 1, 1, -1) <= pos.view(B, 1, S, 1)
+        mask = torch.arange(ctx_len, device=dev).view(1, 1, 1, -1) <= pos.view(B, 1, S, 1)
         if self.batch_invariant:  # per token: [B, S, 1, g, ctx_len]
             mask = mask.view(B, S, 1, 1, ctx_len).expand(B, S, 1, g, ctx_len)
         elif g > 1:
@@ -350,7 +407,7 @@ class TorchLlama:
             if list(slots) == list(range(slots[0], slots[0] + B)):  # a view, no copy
                 keys, values = kc[slots[0]: slots[0] + B, :, :ctx], vc[slots[0]: slots[0] + B, :, :ctx]
             else:
-                idx = torch.tensor(slots, dtype=torch.long)
+                idx = torch.tensor(slots, dtype=torch.long, device=kc.device)
                 keys, values = kc[idx, :, :ctx], vc[idx, :, :ctx]
             o = F.scaled_dot_product_attention(q[:, 0], keys, values, attn_mask=mask[:, 0])
             return o.reshape(B, 1, heads * hd)

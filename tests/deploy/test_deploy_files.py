@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import ast
 import copy
 import http.server
 import importlib.resources
@@ -48,10 +49,9 @@ TRITON_PORTS = (8000, 8001, 8002)
 # docs/introduction/compatibility.md): trtllm-python-py3 tags that carry TensorRT-LLM 1.2.1.
 TRTLLM_1_2_1_TAGS = ("26.04", "26.05", "26.06", "26.07")
 
-# SPECSERVE_* variables that are not ServerConfig keys: read by docker/entrypoint.py or the
-# launcher, or named for wiring that is still to do (engine, tensor_parallel_size; docs/deploy.md).
+# SPECSERVE_* variables that are not ServerConfig keys: read by docker/entrypoint.py or the launcher.
 NON_CONFIG_VARS = {"SPECSERVE_ROOT", "SPECSERVE_AUTO_PREPARE", "SPECSERVE_BIND_ADDRESS", "SPECSERVE_GGUF_DIR",
-                   "SPECSERVE_PREPARE_DRAFTERS", "SPECSERVE_ENGINE", "SPECSERVE_TENSOR_PARALLEL_SIZE"}
+                   "SPECSERVE_PREPARE_DRAFTERS"}
 CONFIG_VARS = {"SPECSERVE_" + f.name.upper() for f in fields(ServerConfig)}
 
 
@@ -159,6 +159,7 @@ def test_gpu_service_reserves_an_nvidia_gpu_with_nvidia_shm_and_ulimits(compose)
     assert gpu["ulimits"] == {"memlock": -1, "stack": 67108864}
     assert gpu["build"]["dockerfile"] == "docker/Dockerfile.trtllm"
     assert gpu["environment"]["SPECSERVE_ENGINE"] == "trtllm"
+    assert gpu["command"] == ["python3", "/opt/specserve/docker/entrypoint.py", "serve"]  # the launcher, as on the CPU
 
 
 def test_ports_are_published_on_loopback_by_default(compose_defaults):
@@ -341,21 +342,122 @@ def test_gpu_image_is_a_triton_trtllm_image_carrying_tensorrt_llm_1_2():
     assert m.group(1) + "-trtllm-python-py3" in (ROOT / "docs" / "deploy.md").read_text()
 
 
-def test_gpu_requirements_pin_nothing_the_image_ships():
+def load_check_image():
     spec = importlib.util.spec_from_file_location("check_image", DOCKER / "check_image.py")
     check_image = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check_image)
+    return check_image
+
+
+def test_gpu_requirements_add_the_edge_and_pin_nothing_the_image_ships():
+    check_image = load_check_image()
     req = DOCKER / "requirements-trtllm.txt"
     names = check_image.requirement_names(req)
-    assert names == {"pytest", "pytest-timeout"}
-    image_owned = {check_image.norm(n) for n in check_image.RELIED_ON} | {"tensorrt", "triton", "tritonclient"}
+    assert names == {"pytest", "pytest-timeout", "aiohttp", "tritonclient"}
+    image_owned = {check_image.norm(n) for n in check_image.RELIED_ON} | {"tensorrt", "triton"}
     assert not names & image_owned
-    lines = [ln.split("#")[0].strip() for ln in req.read_text().splitlines()]
-    assert all(re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][0-9A-Za-z.]*", ln) for ln in lines if ln)
-    # the same pins as the project's own test runner
+    lines = {ln.split("#")[0].strip() for ln in req.read_text().splitlines()} - {""}
+    # the launcher's additions are bounded ranges (the image may already carry them: kept as they are)
+    assert {"aiohttp>=3.9,<4", "tritonclient[grpc]>=2.51,<3"} <= lines
+    # the test runner: the same pins as the project's own
     project = {ln.split("==")[0]: ln.split("#")[0].strip() for ln in (ROOT / "requirements.txt").read_text().splitlines()
                if "==" in ln}
-    assert {ln for ln in lines if ln} == {project["pytest"], project["pytest-timeout"]}
+    assert {ln for ln in lines if "==" in ln} == {project["pytest"], project["pytest-timeout"]}
+
+
+# Third-party modules the GPU container imports, by distribution: the image's (check_image.RELIED_ON, plus
+# Triton's own backend module), or what requirements-trtllm.txt adds. llama_cpp is the CPU engine's,
+# imported only when engine is llama.cpp.
+IMPORT_TO_DISTRIBUTION = {"yaml": "pyyaml", "triton_python_backend_utils": None, "llama_cpp": None}
+
+
+def third_party_imports(*modules) -> set:
+    """Top-level third-party modules reachable from `modules` through the project's own imports
+    (module and function level alike, so lazily imported ones count)."""
+    import sys
+
+    def path_of(name):
+        for p in (ROOT / (name.replace(".", "/") + ".py"), ROOT / name.replace(".", "/") / "__init__.py"):
+            if p.exists():
+                return p
+        return None
+
+    seen, found, todo = set(), set(), list(modules)
+    while todo:
+        name = todo.pop()
+        if name in seen or path_of(name) is None:
+            continue
+        seen.add(name)
+        path = path_of(name)
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            for t in targets:
+                top = t.split(".")[0]
+                if top in ("backend", "policy", "build_engines"):
+                    todo.append(t)
+                elif top and top not in sys.stdlib_module_names:
+                    found.add(top)
+    return found
+
+
+def test_gpu_image_installs_what_the_launcher_the_edge_and_the_trtllm_model_import():
+    check_image = load_check_image()
+    imported = third_party_imports("backend.launcher", "backend.edge", "backend.openai_api",
+                                   "backend.triton_adapter", "backend.engines.trtllm.serving")
+    assert {"aiohttp", "tritonclient", "jinja2", "torch", "transformers"} <= imported
+    provided = {check_image.norm(n) for n in check_image.RELIED_ON} | \
+        check_image.requirement_names(DOCKER / "requirements-trtllm.txt")
+    missing = {m for m in imported
+               if IMPORT_TO_DISTRIBUTION.get(m, m) is not None and check_image.norm(IMPORT_TO_DISTRIBUTION.get(m, m))
+               not in provided}
+    assert not missing, f"the GPU image would lack {sorted(missing)}"
+
+
+def test_the_image_check_fails_when_any_image_package_moves():
+    check_image = load_check_image()
+    before = {"torch": "2.10.0a0", "aiohttp": "3.12.0", "protobuf": "6.31.1"}
+    assert check_image.moved(before, {**before, "grpcio": "1.70.0"}) == {}  # added: fine
+    assert check_image.moved(before, {**before, "protobuf": "4.25.8"}) == {"protobuf": ("6.31.1", "4.25.8")}
+    assert check_image.moved(before, {"torch": "2.10.0a0", "protobuf": "6.31.1"}) == {"aiohttp": ("3.12.0", None)}
+    assert "aiohttp" in check_image.installed()  # this venv's, read the same way
+
+
+def test_gpu_image_serves_through_the_launcher_with_the_images_own_triton(tmp_path, monkeypatch):
+    cmds = parse_dockerfile("Dockerfile.trtllm")
+    assert instructions(cmds, "CMD")[0].value == ("python3", "/opt/specserve/docker/entrypoint.py", "serve")
+    assert not instructions(cmds, "ENTRYPOINT")  # other commands (pytest, prepare_trtllm) run as given
+    env = env_of(cmds)
+    assert env["SPECSERVE_BIND_ADDRESS"] == "0.0.0.0"
+    assert "TLLM_WORKER_USE_SINGLE_PROCESS" not in env  # build_llm decides: one GPU in-process, TP in workers
+    runs = " ".join(" ".join(c.value) for c in instructions(cmds, "RUN"))
+    links = dict(reversed(m) for m in re.findall(r"ln -s (/opt/tritonserver\S*) (\.cache/triton/\S+)", runs))
+    assert links == {".cache/triton/pytriton/tritonserver": "/opt/tritonserver",
+                     ".cache/triton/backends": "/opt/tritonserver/backends"}
+    # the launcher, given that layout, starts the image's tritonserver with the image's backends
+    from backend import launcher
+    opt = tmp_path / "opt" / "tritonserver"
+    (opt / "bin").mkdir(parents=True)
+    (opt / "bin" / "tritonserver").write_text("")
+    (opt / "backends" / "python").mkdir(parents=True)
+    triton = tmp_path / ".cache" / "triton"
+    for link, target in links.items():
+        (tmp_path / link).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / link).symlink_to(tmp_path / target.lstrip("/"))
+    monkeypatch.setattr(launcher, "TRITON", triton)
+    cmd = launcher.server_command(Path("/m"), launcher.Ports(8000, 8001, 8002, triton_http=18000), bind="0.0.0.0")
+    assert Path(cmd[0]).resolve() == (opt / "bin" / "tritonserver").resolve()
+    backends = next(a for a in cmd if a.startswith("--backend-directory=")).split("=", 1)[1]
+    assert Path(backends).resolve() == (opt / "backends").resolve()
+    assert "--http-address=127.0.0.1" in cmd and "--grpc-address=0.0.0.0" in cmd
 
 
 def test_cpu_image_installs_like_setup_sh():
@@ -642,3 +744,21 @@ def test_tensor_parallel_overlay_gives_one_pod_several_gpus():
     assert gpus == container["resources"]["requests"]["nvidia.com/gpu"] == "2"
     assert {"name": "SPECSERVE_TENSOR_PARALLEL_SIZE", "value": gpus} in container["env"]
     check_env_names([e["name"] for e in container["env"]], "tensor-parallel overlay")
+    # the server reads it (env over the ConfigMap, as Kubernetes does) and accepts what the overlay serves
+    from backend.engines.trtllm.serving import build_speculator, check_tensor_parallel
+    env = {**find("ConfigMap")["data"], **{e["name"]: e["value"] for e in container["env"]}}
+    cfg = ServerConfig.load({}, env=env)
+    assert cfg.engine == "trtllm" and cfg.tensor_parallel_size == int(gpus)
+    check_tensor_parallel(cfg, build_speculator(cfg, ROOT))
+
+
+def test_entrypoint_prepare_on_the_gpu_image_runs_the_trtllm_preparation(entrypoint, monkeypatch):
+    ran = []
+    monkeypatch.setattr(entrypoint, "run", lambda *args: ran.append(args))
+    monkeypatch.setenv("SPECSERVE_ENGINE", "trtllm")
+    monkeypatch.setenv("SPECSERVE_CHECKPOINT", "/cache/models/m")
+    monkeypatch.setenv("SPECSERVE_PREPARE_DRAFTERS", "quick")
+    assert entrypoint.prepare() == 0
+    assert ran == [("build_engines.prepare_trtllm", "--checkpoint", "/cache/models/m", "--build-drafters", "quick")]
+    from build_engines.prepare_trtllm import parser
+    assert parser().parse_args(list(ran[0][1:])).build_drafters == "quick"  # flags the script takes

@@ -37,6 +37,20 @@ def version() -> str:
     return str(_get("tensorrt_llm", "__version__"))
 
 
+def installed_version():
+    """The installed distribution's version, or None; read from its metadata, never imported
+    (importing TensorRT-LLM needs a GPU driver, which an image build or this machine lacks)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+WRITTEN_FOR = "1.2.1"  # the TensorRT-LLM this adapter was written against (docs/trtllm.md)
+
+
 # -- the drafter hook (PyTorch backend internals) -------------------------------------------
 def drafter_base() -> type:
     """`Drafter(ABC)`: `__init__(max_draft_len, max_total_draft_tokens, max_concurrency,

@@ -42,7 +42,8 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from typing import Dict, List, Optional, Tuple
+import time
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from policy.external import Generating, IterationDrafter
 from policy.types import StepOutcome
@@ -83,15 +84,25 @@ def _generating(request) -> Generating:
                       temperature=request_temperature(request.sampling_config))
 
 
-def kv_blocks(resource_manager) -> Tuple[int, int]:
-    """(free, total) blocks of the target's KV cache; (0, 0) when TensorRT-LLM shows none."""
+def kv_blocks(resource_manager) -> Tuple[int, int, int]:
+    """(free, total, tokens per block) of the target's KV cache; zeros when TensorRT-LLM shows none."""
     if resource_manager is None:
-        return 0, 0
+        return 0, 0, 0
     manager = resource_manager.get_resource_manager(_api.kv_cache_manager_type())
     if manager is None:
-        return 0, 0
+        return 0, 0, 0
     stats = manager.get_kv_cache_stats()
-    return int(stats.free_num_blocks), int(stats.max_num_blocks)
+    return int(stats.free_num_blocks), int(stats.max_num_blocks), int(stats.tokens_per_block)
+
+
+class Iteration(NamedTuple):
+    """What the hook saw of the latest iteration (read by the serving layer's metrics)."""
+    context: int = 0  # context (prefill) requests scheduled
+    generation: int = 0  # generation requests scheduled (dummies excluded)
+    kv_free: int = 0
+    kv_total: int = 0
+    tokens_per_block: int = 0
+    at_s: float = 0.0  # time.monotonic() of the hook call
 
 
 class _Tee:
@@ -129,6 +140,7 @@ class AdaptiveDrafterLogic:
         self.iteration_drafter = iteration_drafter
         self.draft_cap = min(n, iteration_drafter.max_draft_len)
         self.hook_errors = 0
+        self.last = Iteration()
         self._seen: Dict[int, object] = {}  # request id -> the LlmRequest scheduled last iteration
         self._lock = threading.Lock()
         self._stats: "collections.OrderedDict[int, List[int]]" = collections.OrderedDict()  # id -> [drafted, accepted]
@@ -158,9 +170,11 @@ class AdaptiveDrafterLogic:
             client = getattr(r, "py_client_id", None)
             if client is not None:
                 self._client_ids[int(client)] = g.request_id
-        free, total = kv_blocks(resource_manager)
+        free, total, per_block = kv_blocks(resource_manager)
+        n_context = len(scheduled_requests.context_requests)
+        self.last = Iteration(n_context, len(requests), free, total, per_block, time.monotonic())
         return self.iteration_drafter.step(generating, finished=finished, kv_free_blocks=free, kv_total_blocks=total,
-                                           queue_len=len(scheduled_requests.context_requests))
+                                           queue_len=n_context)
 
     def finish(self) -> Optional[StepOutcome]:
         """Close the last iteration (at shutdown): requests seen last that have since completed

@@ -3,21 +3,21 @@
 Written against TensorRT-LLM 1.2.x; exercised here only with a fake `tensorrt_llm`
 (tests/backend/trtllm/). Two parts:
 
-* `build_llm(cfg, root)`: the `LLM(...)` from our ServerConfig, with our speculation
-  component as its drafter (`UserProvidedDecodingConfig(max_draft_len, drafter=
-  AdaptiveDrafter(...))`), the KV cache sized like ours (room for max_batch full contexts,
-  or kv_budget_mb), the overlap scheduler off (the drafter infers acceptance from the
-  tokens committed since the previous iteration) and TensorRT-LLM's tokenizer skipped.
+* `build_llm(cfg, root)`: the `LLM(...)` from our ServerConfig and the LLM-API settings file
+  (llm_config.py: KV cache, block reuse, batch, sequence length, tensor parallelism, iteration
+  statistics), with our speculation component as its drafter (`UserProvidedDecodingConfig(
+  max_draft_len, drafter=AdaptiveDrafter(...))`), the overlap scheduler off (the drafter infers
+  acceptance from the tokens committed since the previous iteration) and TensorRT-LLM's
+  tokenizer skipped. Model drafters are loaded onto the GPU first (gpu_drafters.py), so the
+  KV pool TensorRT-LLM sizes at start leaves their memory alone.
 * `TrtllmService`: what the Triton adapter drives (`submit(GenerationRequest, sink)`,
-  `start()`, `stop()`, like EngineLoop). Requests are tokenized, checked, stopped and
-  detokenized by the same code as on the CPU (`backend.request`, `backend.sequence`:
-  EOS, max_tokens, context limit, stop words with held-back text, incremental UTF-8
-  detokenizing, finish_reason, exclude_input_in_output), so clients cannot tell which
-  engine serves them. TensorRT-LLM only generates token ids (`detokenize=False`); stop
-  words are matched on our text, and the request is aborted when one appears.
-
-Not done here (issue 18, later rounds): containers, the offline preparation, model
-drafters' GPU memory (only model-free drafters are accepted), multi-node.
+  `start()`, `stop()`, `drain()`, `idle`, like EngineLoop), with EngineLoop's metrics surface
+  (observe.py). Requests are tokenized, checked, stopped and detokenized by the same code as
+  on the CPU (`backend.request`, `backend.sequence`: EOS, max_tokens, context limit, stop words
+  with held-back text, incremental UTF-8 detokenizing, finish_reason, exclude_input_in_output),
+  so clients cannot tell which engine serves them. TensorRT-LLM only generates token ids
+  (`detokenize=False`); stop words are matched on our text, and the request is aborted when one
+  appears.
 """
 from __future__ import annotations
 
@@ -36,70 +36,90 @@ from policy.external import IterationDrafter
 from policy.speculator import Speculator
 
 from ...detokenizer import IncrementalDetokenizer
-from ...request import GenerationRequest, Limits, RequestError, prompt_ids, validate
+from ...engine_loop import LoopConfig
+from ...request import (SHUTDOWN_PREFIX, GenerationRequest, Limits, Overloaded, RequestError, ShuttingDown,
+                        prompt_ids, validate)
 from ...sequence import Sequence
 from ...server_config import ServerConfig
-from . import _api
-from .drafter import adaptive_drafter_class
+from . import _api, llm_config
+from .drafter import _Tee, adaptive_drafter_class
+from .gpu_drafters import MemorySpeculator, Placement, load_gpu_drafter
+from .observe import KvPool, ServiceStats, running_and_waiting
 
 log = logging.getLogger("specserve.trtllm")
 
 DEFAULT_MAX_DRAFT_LEN = 8
+# With tensor parallelism every rank runs its own copy of the drafter and all must draft the same
+# tokens; policies that read wall-clock step times would decide differently per rank.
+RANK_SAFE_POLICIES = ("off", "static")
 
 
 # -- building the LLM ----------------------------------------------------------------------------
-def kv_bytes_per_token(checkpoint: Path, dtype_bytes: int = 2) -> int:
-    """Target KV bytes per token from the Hugging Face config (K and V, every layer)."""
-    cfg = json.loads((Path(checkpoint) / "config.json").read_text())
-    heads = cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    return 2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", heads) * head_dim * dtype_bytes
-
-
-def kv_cache_tokens(cfg: ServerConfig, checkpoint: Path) -> int:
-    """Our KV budget in tokens: kv_budget_mb if set, else room for max_batch full contexts."""
-    if cfg.kv_budget_mb > 0:
-        return max(1, cfg.kv_budget_mb * 2**20 // kv_bytes_per_token(checkpoint))
-    return cfg.max_batch * cfg.max_context
-
-
-def build_speculator(cfg: ServerConfig, root: Path) -> Speculator:
-    """The policy and drafters of the config. Only model-free drafters so far: a model
-    drafter would need its own GPU memory beside TensorRT-LLM's KV pool (not done yet)."""
+def build_speculator(cfg: ServerConfig, root: Path, placement: Optional[Placement] = None) -> Speculator:
+    """The policy and drafters of the config: registered (model-free) drafters, and model drafters
+    from drafter_dir on the GPU (`placement`), whose park/reload the policy drives."""
     from ...drafters import DRAFTERS, make_drafter
     from ...service import load_policy
 
     names = [n.strip() for n in cfg.drafters.split(",") if n.strip()]
-    unknown = [n for n in names if n not in DRAFTERS or DRAFTERS[n].is_model]
-    if unknown:
-        raise ValueError(f"drafters {unknown} are not supported on TensorRT-LLM yet (model-free only: "
-                         f"{', '.join(sorted(n for n, c in DRAFTERS.items() if not c.is_model))})")
-    return Speculator(load_policy(cfg, root), {n: make_drafter(n) for n in names}, lookahead=True)
+    drafters = {}
+    for n in names:
+        if n in DRAFTERS and not DRAFTERS[n].is_model:
+            drafters[n] = make_drafter(n)
+        else:
+            drafters[n] = load_gpu_drafter(n, cfg, root, placement or Placement())
+    return MemorySpeculator(load_policy(cfg, root), drafters, lookahead=True)
+
+
+def check_tensor_parallel(cfg: ServerConfig, spec: Speculator) -> None:
+    """Refuse what would let TensorRT-LLM's ranks draft different tokens (docs/deploy.md)."""
+    models = [n for n, d in spec.drafters.items() if d.is_model]
+    policy = getattr(spec.policy, "name", "")  # the one served (policy_config may name another than cfg.policy)
+    if policy not in RANK_SAFE_POLICIES or models:
+        raise ValueError(f"tensor_parallel_size {cfg.tensor_parallel_size}: every rank runs its own drafter and all "
+                         f"must draft the same tokens; policy {policy!r} and model drafters {models} can decide "
+                         f"differently per rank. Serve with policy {' or '.join(RANK_SAFE_POLICIES)} and model-free "
+                         f"drafters, or tensor_parallel_size 1 (docs/deploy.md, Tensor parallelism)")
 
 
 def build_llm(cfg: ServerConfig, root: Path, *, speculator: Optional[Speculator] = None,
-              max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, free_gpu_memory_fraction: float = 0.9,
-              single_process: bool = True, **llm_kwargs) -> Tuple[Any, Any]:
-    """-> (tensorrt_llm.LLM, AdaptiveDrafter). `single_process`: keep TensorRT-LLM's executor in
-    this process (TLLM_WORKER_USE_SINGLE_PROCESS=1, as upstream's own tests do to reach it), so
-    the drafter's per-request counters and the policy's trace live where we serve."""
+              max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, free_gpu_memory_fraction: Optional[float] = None,
+              single_process: Optional[bool] = None, placement: Optional[Placement] = None,
+              **llm_kwargs) -> Tuple[Any, Any]:
+    """-> (tensorrt_llm.LLM, AdaptiveDrafter). `single_process` (default: when tensor_parallel_size
+    is 1) keeps TensorRT-LLM's executor in this process (TLLM_WORKER_USE_SINGLE_PROCESS=1, as
+    upstream's own tests do to reach it), so the drafter's counters and the policy's trace live
+    where we serve; tensor parallelism needs its worker processes (one per rank)."""
     ckpt = cfg.resolve(cfg.checkpoint, root)
-    spec = speculator if speculator is not None else build_speculator(cfg, root)
+    settings, source = llm_config.resolve(cfg, root, ckpt, free_gpu_memory_fraction=free_gpu_memory_fraction)
+    if source is not None:
+        log.info("TensorRT-LLM settings from %s", source)
+    llm_config.check_manifest(ckpt)
+    tp = settings["tensor_parallel_size"]
+    single_process = tp == 1 if single_process is None else single_process
+    if single_process and tp > 1:
+        raise ValueError(f"tensor_parallel_size {tp} needs TensorRT-LLM's worker processes; "
+                         f"serve with single_process=False")
+    # the drafters before the LLM: TensorRT-LLM sizes its KV pool from the memory left (gpu_drafters.py)
+    spec = speculator if speculator is not None else build_speculator(cfg, root, placement)
+    if tp > 1:
+        check_tensor_parallel(cfg, spec)
     drafter = adaptive_drafter_class()(IterationDrafter(spec, max_draft_len=max_draft_len), max_draft_len)
     if single_process:
         os.environ.setdefault("TLLM_WORKER_USE_SINGLE_PROCESS", "1")
-    else:  # TensorRT-LLM pickles the speculative config to its worker process
+    else:  # TensorRT-LLM pickles the speculative config to its worker process(es)
         try:
             pickle.dumps(drafter)
         except Exception as e:
             raise ValueError(f"the drafter cannot be shipped to TensorRT-LLM's worker process ({e}); "
-                             f"serve with single_process=True") from None
-    kv = _api.kv_cache_config()(max_tokens=kv_cache_tokens(cfg, ckpt),
-                                free_gpu_memory_fraction=free_gpu_memory_fraction, enable_block_reuse=True)
+                             f"serve with single_process=True and tensor_parallel_size 1, or with "
+                             f"drafters that pickle (ngram; not suffix, not model drafters)") from None
+        if os.environ.get("TLLM_WORKER_USE_SINGLE_PROCESS") == "1":
+            raise ValueError("TLLM_WORKER_USE_SINGLE_PROCESS=1 is set, but this LLM needs TensorRT-LLM's worker "
+                             "processes (single_process=False): unset it")
+    kv = _api.kv_cache_config()(**settings.pop("kv_cache_config"))
     spec_cfg = _api.user_provided_decoding_config()(max_draft_len=max_draft_len, drafter=drafter)
-    args = dict(model=str(ckpt), backend="pytorch", skip_tokenizer_init=True, speculative_config=spec_cfg,
-                kv_cache_config=kv, max_batch_size=cfg.max_batch, max_seq_len=cfg.max_context,
-                disable_overlap_scheduler=True)
+    args = dict(model=str(ckpt), speculative_config=spec_cfg, kv_cache_config=kv, **settings)
     args.update(llm_kwargs)
     return _api.llm_class()(**args), drafter
 
@@ -125,16 +145,23 @@ def _finish_reason(upstream: Optional[str]) -> str:
 class TrtllmService:
     """Serves GenerationRequests on a `tensorrt_llm.LLM` from an asyncio loop in its own thread."""
 
-    def __init__(self, llm, drafter, tokenizer, limits: Limits, eos_ids: frozenset, *,
-                 cancel_poll_s: float = 0.05):
+    def __init__(self, llm, drafter, tokenizer, limits: Limits, eos_ids: frozenset, *, max_batch: int = 1,
+                 max_queue: int = 0, cancel_poll_s: float = 0.05):
         self.llm, self.drafter, self.tok, self.limits = llm, drafter, tokenizer, limits
         self.default_eos, self.cancel_poll_s = frozenset(eos_ids), cancel_poll_s
         self.vocab = len(tokenizer)
-        self.finished = self.cancelled = 0
+        # the EngineLoop surface backend/metrics.py and backend/triton_adapter.py read (observe.py)
+        self.cfg = LoopConfig(max_batch=max_batch, limits=limits, max_queue=max_queue)
+        self.on_outcome = None  # the metrics publisher chains itself here
+        self._counts = ServiceStats()
+        self.spec = drafter.iteration_drafter.spec
+        self.spec.on_outcome = _Tee(self.spec.on_outcome, self._outcome)
         self._ids = iter(range(1, 1 << 62))
         self._aloop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
         self._tasks: set = set()
+        self._draining = False
+        self._stop_message = "the server is shutting down"
 
     @classmethod
     def from_config(cls, cfg: ServerConfig, root: Path, **build_kwargs) -> "TrtllmService":
@@ -148,7 +175,48 @@ class TrtllmService:
             eos_ids.add(tok.eos_token_id)
         llm, drafter = build_llm(cfg, root, **build_kwargs)
         return cls(llm, drafter, tok, Limits(max_tokens=cfg.max_tokens_limit, max_context=cfg.max_context),
-                   frozenset(eos_ids))
+                   frozenset(eos_ids), max_batch=cfg.max_batch, max_queue=cfg.max_queue or 4 * cfg.max_batch)
+
+    # -- what the metrics publisher reads (backend/metrics.py; observe.py) ------------------------
+    def _outcome(self, outcome) -> None:  # TensorRT-LLM's executor thread, once per iteration
+        self._counts.outcome(outcome)
+        if self.on_outcome is not None:
+            self.on_outcome(outcome)
+
+    @property
+    def stats(self):
+        st = self._counts.stats
+        st.drafter_errors = self.drafter.hook_errors + self.spec.drafter_errors
+        memory = getattr(self.spec, "memory", None)  # MemorySpeculator (build_speculator) applies park/reload
+        if memory is not None:
+            st.drafter_parks, st.drafter_reloads = memory.parks, memory.reloads
+        return st
+
+    @property
+    def running(self) -> range:
+        """Requests TensorRT-LLM scheduled in its latest iteration (only the length means anything)."""
+        return range(running_and_waiting(len(self._tasks), self.drafter.last)[0])
+
+    @property
+    def queue_depth(self) -> int:
+        return running_and_waiting(len(self._tasks), self.drafter.last)[1]
+
+    @property
+    def pool(self) -> KvPool:
+        last = self.drafter.last
+        return KvPool(last.kv_total, last.kv_free, last.tokens_per_block)
+
+    @property
+    def drafters(self) -> dict:
+        return self.spec.drafters
+
+    @property
+    def finished(self) -> int:
+        return self._counts.stats.finished
+
+    @property
+    def cancelled(self) -> int:
+        return self._counts.stats.cancelled
 
     # -- the EngineLoop surface -------------------------------------------------------------
     def start(self) -> None:
@@ -164,11 +232,31 @@ class TrtllmService:
         self.drafter.finish()
         self.llm.shutdown()
 
+    @property
+    def idle(self) -> bool:
+        return not self._tasks
+
+    def drain(self, seconds: float) -> None:
+        """Shutdown begins (backend/triton_adapter.py DrainWatcher): refuse new requests at once, let
+        those in flight run for `seconds`, then end them with a final error."""
+        if self._draining:
+            return
+        self._draining = True
+        self._stop_message = f"{SHUTDOWN_PREFIX}: the request was stopped before it finished; retry"
+        if self._aloop is not None:
+            self._aloop.call_soon_threadsafe(self._aloop.call_later, max(0.0, seconds), self._cancel_tasks)
+
     def tokenize(self, req: GenerationRequest) -> List[int]:
         return prompt_ids(self.tok, req)
 
     def submit(self, req: GenerationRequest, sink) -> int:
-        """Validate, tokenize and start serving; raises RequestError for a bad request."""
+        """Validate, tokenize and start serving; raises RequestError for a bad request, Overloaded
+        when max_queue requests already wait, ShuttingDown once draining."""
+        if self._draining:
+            raise ShuttingDown(f"{SHUTDOWN_PREFIX}: not accepting new requests; retry on another server or later")
+        depth, bound = self.queue_depth, self.cfg.max_queue
+        if bound and depth >= bound:
+            raise Overloaded(f"server overloaded: {depth} requests are waiting (max_queue {bound}); retry later")
         validate(req, self.limits)
         ids = self.tokenize(req)
         if len(ids) >= self.limits.max_context:
@@ -184,6 +272,7 @@ class TrtllmService:
                        seed=req.seed or 0, arrival_s=time.perf_counter())
         if self._aloop is None:
             raise RuntimeError("TrtllmService.start() was not called")
+        self._counts.admitted(len(ids))
         self._aloop.call_soon_threadsafe(self._spawn, seq)
         return seq.seq_id
 
@@ -193,14 +282,20 @@ class TrtllmService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _cancel_all(self) -> None:
+    def _cancel_tasks(self) -> None:
+        if self._tasks:
+            log.warning("drain time is up: ending %d requests still in flight", len(self._tasks))
         for t in list(self._tasks):
             t.cancel()
+
+    async def _cancel_all(self) -> None:
+        self._cancel_tasks()
 
     async def serve(self, seq: Sequence) -> None:
         end_id = seq.request.end_id if seq.request.end_id is not None else min(self.default_eos)
         result = self.llm.generate_async(seq.prompt_ids, sampling_params=sampling_params(seq.request, end_id),
                                          streaming=True)
+        counts = self._counts.stats
         last_poll = float("-inf")
         try:
             async for out in result:
@@ -210,7 +305,7 @@ class TrtllmService:
                     if seq.sink.cancelled():
                         result.abort()
                         seq.finish_reason = "cancelled"
-                        self.cancelled += 1
+                        counts.cancelled += 1
                         break
                 c = out.outputs[0]
                 seq.append([int(t) for t in c.token_ids_diff], self.limits.max_context)
@@ -228,11 +323,11 @@ class TrtllmService:
                 seq.finish_reason = "length"
                 seq.detok.flush()
             if seq.finish_reason != "cancelled":
-                self.finished += 1
+                counts.finished += 1
             seq.respond(final=True)
         except asyncio.CancelledError:
             result.abort()
-            seq.sink.error("the server is shutting down")
+            seq.sink.error(self._stop_message)
             raise
         except Exception as e:  # one failing request never takes the others down
             log.exception("request %d failed on TensorRT-LLM", seq.seq_id)

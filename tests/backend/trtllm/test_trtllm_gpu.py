@@ -6,7 +6,8 @@ every machine this project has had so far. Inside the container:
 
 What it checks, as upstream's own test_user_provided.py does for its drafter: greedy output
 with our drafter in TensorRT-LLM equals TensorRT-LLM's greedy output without speculation,
-the hook ran without errors and drafts were accepted."""
+the hook ran without errors and drafts were accepted; and that parking a model drafter frees
+its GPU memory and reloading restores it."""
 import os
 import time
 from pathlib import Path
@@ -66,3 +67,30 @@ def test_greedy_with_our_drafter_equals_tensorrt_llm_greedy_without_speculation(
     finally:
         ref.shutdown()
     assert ours == theirs
+
+
+def test_parking_a_model_drafter_frees_its_gpu_memory_and_reloading_restores_it():
+    """What docs/trtllm.md says parking gives back: the drafter's weights and cache leave the GPU
+    (torch's allocator, then the driver), and come back on reload with the same drafts."""
+    import torch
+
+    from backend.drafters.model import find_artifact
+    from backend.engines.trtllm.gpu_drafters import DrafterMemory, GpuModelDrafter, Placement
+    from policy.speculator import DraftRequest
+    from policy.types import MemoryAction
+
+    path = find_artifact(ROOT / ".cache" / "drafters", "chat")
+    if path is None:
+        pytest.skip("no 'chat' model drafter in .cache/drafters (python -m build_engines.distill_drafter)")
+    d = GpuModelDrafter("chat", path, placement=Placement("cuda"), max_slots=4, max_context=512)
+    tokens = list(range(100, 140))
+    first = d.propose_batch([DraftRequest(1, tokens, 4)])[0].tokens
+    torch.cuda.synchronize()
+    resident, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    memory = DrafterMemory({"chat": d})
+    memory([MemoryAction("offload", "chat")])
+    assert resident - torch.cuda.memory_allocated() >= d.weight_bytes
+    assert torch.cuda.memory_reserved() < reserved  # empty_cache handed the blocks to the driver
+    memory([MemoryAction("reload", "chat")])
+    assert d._ready.wait(120) and d.resident
+    assert d.propose_batch([DraftRequest(1, tokens, 4)])[0].tokens == first

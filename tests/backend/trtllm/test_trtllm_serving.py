@@ -142,3 +142,91 @@ def test_the_engine_setting_selects_the_trtllm_service(monkeypatch, checkpoint):
     assert built and built[0].engine == "trtllm"
     with pytest.raises(ValueError, match="engine must be one of llama.cpp, torch, trtllm"):
         ServerConfig.load({"engine": "vllm"}, env={})
+
+
+# -- metrics: the service feeds the same publisher as the CPU loop (backend/metrics.py) -------------------------
+class RecordingPb:
+    """The part of triton_python_backend_utils the publisher uses: every series' value by (name, labels)."""
+
+    def __init__(self):
+        self.values = {}
+        pb = self
+
+        class MetricFamily:
+            COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+
+            def __init__(self, name, description, kind):
+                self.name = name
+
+            def Metric(self, labels, buckets=None):
+                key = (self.name,) + tuple(sorted((k, v) for k, v in labels.items() if k not in ("model", "version")))
+                return _Series(pb.values, key)
+        self.MetricFamily = MetricFamily
+
+    def __call__(self, name, **labels):
+        return self.values[(name,) + tuple(sorted((k, str(v)) for k, v in labels.items()))]
+
+
+class _Series:
+    def __init__(self, values, key):
+        self.values, self.key = values, key
+        values[key] = 0.0
+
+    def set(self, v):
+        self.values[self.key] = v
+
+    def increment(self, v):
+        self.values[self.key] += v
+
+    def observe(self, v):
+        pass
+
+
+def test_the_metrics_publisher_reads_the_service(served, tokenizer):
+    from backend.engines.trtllm.drafter import Iteration
+    from backend.metrics import MetricsPublisher, RequestLog
+
+    svc, ex = served
+    pb = RecordingPb()
+    pub = MetricsPublisher(svc, pb, "llm", "1", RequestLog(), start=False)
+    pub.publish()  # before any request every fixed series exists
+    assert pb("specserve_sequences", state="waiting") == 0 and pb("nv_trt_llm_request_metrics", request_type="max") == 3
+    prompts = ["Repeat exactly: the river runs, the river runs, the river runs.", "1, 2, 3, 4, 5, 6,"]
+    sinks = serve(svc, [GenerationRequest(prompt=p, max_tokens=32) for p in prompts])
+    pub.publish()
+    st = svc.stats
+    assert pb("specserve_steps_total") == st.steps > 0
+    assert pb("nv_trt_llm_general_metrics", general_type="iteration_counter") == st.steps
+    assert pb("specserve_requests_finished_total") == 2 == st.finished
+    assert pb("specserve_prefill_tokens_total") == sum(len(tokenizer(p).input_ids) for p in prompts)
+    assert pb("specserve_tokens_drafted_total") == st.drafted >= pb("specserve_tokens_accepted_total") > 0
+    assert pb("specserve_tokens_emitted_total") == st.emitted > 0
+    # KV blocks as TensorRT-LLM's KV cache manager reported them to the hook
+    stats = ex.kv_stats()
+    assert pb("specserve_kv_blocks", state="total") == stats.max_num_blocks
+    assert pb("nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="tokens_per") == stats.tokens_per_block
+    assert pb("specserve_drafter_state", drafter="ngram", state="resident") == 1
+    assert sum(s.chunks[-1].num_output_tokens for s in sinks) == 64
+    # the autoscaler's gauge: requests in flight beyond what TensorRT-LLM scheduled last iteration
+    svc.drafter.last = Iteration(context=1, generation=2, kv_free=10, kv_total=40, tokens_per_block=8)
+    svc._tasks.update(object() for _ in range(5))
+    try:
+        pub.publish()
+        assert pb("specserve_sequences", state="running") == 3 and pb("specserve_sequences", state="waiting") == 2
+        assert pb("nv_trt_llm_request_metrics", request_type="waiting") == 2
+        assert pb("specserve_kv_blocks", state="free") == 10
+    finally:
+        svc._tasks.clear()
+
+
+def test_the_service_drains_like_the_engine_loop(served):
+    from backend.request import ShuttingDown
+    svc, _ = served
+    assert svc.idle
+    sink = ListSink()
+    svc.submit(GenerationRequest(prompt="1, 2, 3, 4, 5, 6,", max_tokens=60, stream=True), sink)
+    svc.drain(0.0)
+    with pytest.raises(ShuttingDown):
+        svc.submit(GenerationRequest(prompt="hi", max_tokens=4), ListSink())
+    wait([sink])
+    assert svc.idle and sink.errors and "shutting down" in sink.errors[-1]
