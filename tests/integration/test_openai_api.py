@@ -1,5 +1,5 @@
 """The OpenAI-compatible API (backend/openai_api.py on the HTTP edge) against the real server,
-with the official `openai` client and genai-perf's chat endpoint type."""
+with the official `openai` client and genai-perf's chat and completions endpoint types."""
 import json
 import os
 import subprocess
@@ -195,11 +195,12 @@ def test_stream_closed_by_the_client_cancels_the_request(client, server):
     server.wait_metric('specserve_sequences{state="running"}', lambda v: v == 0)
 
 
-def test_genai_perf_chat_endpoint(server, tmp_path, checkpoint):
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_genai_perf_openai_endpoints(server, tmp_path, checkpoint, endpoint):
     tool = ROOT / ".cache" / "loadtools" / "bin" / "genai-perf"
     assert tool.exists(), f"{tool} missing: scripts/setup.sh installs it (scripts/setup_loadtools.sh)"
     out = subprocess.run(
-        [str(tool), "profile", "-m", "llm", "--endpoint-type", "chat", "-u", server.http, "--streaming",
+        [str(tool), "profile", "-m", "llm", "--endpoint-type", endpoint, "-u", server.http, "--streaming",
          "--tokenizer", str(checkpoint), "--concurrency", "2", "--request-count", "4",
          "--synthetic-input-tokens-mean", "32", "--output-tokens-mean", "12", "--artifact-dir", str(tmp_path / "a")],
         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=dict(os.environ, COLUMNS="200"))
