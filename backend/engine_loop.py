@@ -65,7 +65,7 @@ log = logging.getLogger("specserve.loop")
 class LoopConfig:
     max_batch: int = 8  # running sequences (engine slots)
     limits: Limits = Limits()
-    trace_len: int = 10_000  # StepOutcomes kept in memory for inspection
+    trace_len: int = 10_000  # StepOutcomes kept in memory for inspection (tests, benchmarks; the server: 0)
     tpot_slo_s: Optional[float] = None  # time-per-output-token target handed to the policy
     cancel_poll_s: float = 0.05  # how often to ask the sinks whether their clients cancelled
     kv_budget_bytes: Optional[int] = None  # target KV + resident drafters; None = room for every slot
