@@ -369,7 +369,7 @@ class EngineLoop:
         prefill completed)."""
         seqs = [seq for seq, _, _ in pieces]
         logits, feats = self._forward([s.slot for s in seqs], [start for _, start, _ in pieces],
-                                      [s.prefill_ids[start:end] for s, start, end in pieces],
+                                      [s.tokens[start:end] for s, start, end in pieces],  # prefill_ids is a prefix of tokens
                                       logit_rows=[[end - start - 1] if end == s.prefill_len else []
                                                   for s, start, end in pieces])
         row, out_row, failed, done = 0, 0, [], []

@@ -238,7 +238,9 @@ def chunk_outputs(chunk: Chunk, batch_index=None, sequence_index=None) -> dict:
 class ResponseWriter:
     """Sends the engine loop's responses from a thread of its own, in order. Building and sending
     a response (Python, then IPC to Triton) took about a tenth of the loop's time at 1, 8 and 32
-    streams; here it overlaps the next step's forward, which runs without the GIL."""
+    streams; here it can overlap the next step's forward, which runs without the GIL. On 2 cores
+    that both run llama.cpp it shortened steps ~5% at one stream, nothing measurable at 8 or 32
+    (docs/results.md); it pays where a core is spare."""
 
     def __init__(self):
         self.queue: "queue.SimpleQueue" = queue.SimpleQueue()
