@@ -42,6 +42,7 @@ COUNTERS = {  # metric name -> (LoopStats field, help)
     "specserve_tokens_drafted_total": ("drafted", "draft tokens verified by the target"),
     "specserve_tokens_accepted_total": ("accepted", "draft tokens accepted"),
     "specserve_prefill_tokens_total": ("prefill_tokens", "prompt tokens computed by prefills (recomputation included)"),
+    "specserve_prefix_tokens_reused_total": ("prefix_tokens_reused", "prompt tokens copied from the shared chat-template prefix, not prefilled"),
     "specserve_requests_finished_total": ("finished", "requests finished (stop or length)"),
     "specserve_requests_cancelled_total": ("cancelled", "requests cancelled by the client"),
     "specserve_drafter_errors_total": ("drafter_errors", "drafter failures (fell back to plain decoding)"),

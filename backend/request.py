@@ -103,6 +103,18 @@ def prompt_ids(tokenizer, req: GenerationRequest) -> list:
     return list(ids)
 
 
+def chat_prefix(tokenizer) -> list:
+    """The tokens every chat-template prompt starts with (the template's system turn, for
+    example): the common start of two user turns' prompt_ids; [] without a chat template."""
+    if not getattr(tokenizer, "chat_template", None):
+        return []
+    a, b = (prompt_ids(tokenizer, GenerationRequest(prompt=text, apply_chat_template=True)) for text in ("a", "Zq"))
+    n = 0
+    while n < min(len(a), len(b)) - 1 and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
 def decode_utf8(raw: bytes, what: str) -> str:
     try:
         return raw.decode("utf-8")

@@ -86,7 +86,7 @@ def build_loop(cfg: ServerConfig, root: Path) -> EngineLoop:
                           max_queue=cfg.max_queue or 4 * cfg.max_batch, prefill_chunk=cfg.prefill_chunk,
                           # Nothing in the server reads an in-memory trace (trace_file writes one out);
                           # at 64 streams 10,000 steps of it held ~100 MiB more after 10 minutes.
-                          trace_len=0)
+                          trace_len=0, reuse_prefix=cfg.reuse_prefix)
     on_outcome = trace_writer(cfg.resolve(cfg.trace_file, root)) if cfg.trace_file else None
     return EngineLoop(engine, tokenizer, drafters, load_policy(cfg, root), loop_cfg, on_outcome=on_outcome)
 
@@ -98,7 +98,7 @@ def build_engine(cfg: ServerConfig, root: Path, ckpt: Path) -> Engine:
         from .engines.llama_cpp import LlamaCpp, served_gguf
         gguf = cfg.resolve(cfg.gguf, root) if cfg.gguf else served_gguf(ckpt)
         return LlamaCpp(gguf, max_slots=cfg.max_batch, max_context=cfg.max_context, threads=cfg.threads,
-                        kv_type=cfg.kv_type)
+                        kv_type=cfg.kv_type, prefix_stream=True)
     return TorchLlama(ckpt, dtype=cfg.dtype, max_slots=cfg.max_batch, max_context=cfg.max_context,
                       batch_invariant=cfg.batch_invariant)
 

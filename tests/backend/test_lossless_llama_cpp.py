@@ -120,3 +120,27 @@ def test_chunked_prefill_is_lossless(engine, tokenizer):
     differ = [p[:40] for p, a, b in zip(prompts, want, got) if a != b]
     assert not differ, f"with chunked prefill {len(differ)} of {len(prompts)} outputs differ: {differ[:3]}"
     assert loop.stats.drafted > 0
+
+
+def test_prefix_reuse_is_lossless(checkpoint, tokenizer):
+    """Chat-template prompts whose shared start (the template's system turn) is copied from the
+    engine's prefix stream give the text they give prefilled whole, alone and in a batch of 8."""
+    engine = LlamaCpp(served_gguf(checkpoint), max_slots=8, max_context=512, prefix_stream=True)
+    try:
+        reqs = [greedy(p, MAX_TOKENS, apply_chat_template=True) for p in PROMPTS[:16]]
+        # The prefix is computed by the first load_prefix, on the loop's thread, not at start-up
+        # (a llama_decode from a second thread slows every later step: llama_cpp.py set_prefix).
+        engine.set_prefix([1, 2, 3])
+        assert engine.cached_length(engine.max_slots) == 0
+        plain = make_loop(engine, tokenizer, "off", max_batch=1, reuse_prefix=False)
+        want = [s.chunks[-1].text for s in run_all(plain, reqs)]
+        assert plain.stats.prefix_tokens_reused == 0
+        for batch in (1, 8):
+            loop = make_loop(engine, tokenizer, "static", max_batch=batch, drafter="ngram", gamma=3)
+            got = [s.chunks[-1].text for s in run_all(loop, [greedy(p, MAX_TOKENS, apply_chat_template=True)
+                                                             for p in PROMPTS[:16]])]
+            assert loop.prefix_ids and loop.stats.prefix_tokens_reused == 16 * len(loop.prefix_ids)
+            differ = [p[:40] for p, a, b in zip(PROMPTS, want, got) if a != b]
+            assert not differ, f"with prefix reuse, batch {batch}: {len(differ)} of 16 outputs differ: {differ[:3]}"
+    finally:
+        engine.close()
