@@ -41,7 +41,10 @@ class ServerConfig:
     # chunked prefill (issue 20): prompt tokens prefilled per iteration, between decode steps; 0 = whole prompts
     prefill_chunk: int = 128
     async_send: bool = True  # send responses from a thread of their own, overlapping the next step
-    reuse_prefix: bool = True  # llama.cpp: copy the chat template's shared first tokens instead of prefilling them
+    # llama.cpp: copy the chat template's shared first tokens instead of prefilling them. Off by default:
+    # each copy writes a whole 2,048-cell stream, so RSS grows towards the full KV allocation
+    # (+57 MiB in the 60 s soak test, bounded, but indistinguishable from a leak there).
+    reuse_prefix: bool = False
     # engine trtllm (GPU; not yet run on one): TensorRT-LLM's tensor parallelism over this many GPUs
     tensor_parallel_size: int = 1
     # engine trtllm: the LLM-API settings file (build_engines/prepare_trtllm.py writes it);
