@@ -127,16 +127,17 @@ def wait_ready(ports: Ports, proc: subprocess.Popen, timeout_s: float = 180.0) -
 
 
 def start_server(model_repository: Path = ROOT / "model_repository", ports: Ports | None = None,
-                 env: dict | None = None, log_file=None) -> tuple:
+                 env: dict | None = None, log_file=None, ready_timeout_s: float = 180.0) -> tuple:
     """Start the server (this module as supervisor + HTTP edge, Triton behind it); return
-    (process, ports) once it is ready. proc.terminate() is a clean shutdown."""
+    (process, ports) once it is ready (ready_timeout_s includes what it builds on demand first).
+    proc.terminate() is a clean shutdown."""
     ports = ports or Ports(free_port(), free_port(), free_port())
     cmd = [sys.executable, "-m", "backend.launcher", f"--http-port={ports.http}", f"--grpc-port={ports.grpc}",
            f"--metrics-port={ports.metrics}", f"--model-repository={model_repository}"]
     proc = subprocess.Popen(cmd, env=dict(os.environ, **(env or {})), cwd=ROOT,
                             stdout=log_file or subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
-        wait_ready(ports, proc)
+        wait_ready(ports, proc, ready_timeout_s)
     except Exception:
         proc.terminate()
         try:
@@ -472,6 +473,27 @@ class Supervisor:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+def build_what_is_served(model_repository: Path) -> None:
+    """Before Triton starts: build what the served config names and set-up left out (model
+    drafters, the served engine's profile), with progress (build_engines/on_demand.py), in a
+    process of its own (this one stays free of torch). SPECSERVE_BUILD_ON_DEMAND=0 skips it; the
+    model then refuses a drafter that is not built with an error naming the command that builds
+    it. A config this cannot read is left for the model to refuse, with its own error."""
+    if os.environ.get("SPECSERVE_BUILD_ON_DEMAND", "1") == "0":
+        return
+    from build_engines.on_demand import served_config, served_needs
+    try:
+        drafters, profiles = served_needs(served_config(model_repository), ROOT)
+    except Exception as e:  # noqa: BLE001 - the model reports a bad config itself
+        print(f"not building anything on demand: {e}", flush=True)
+        return
+    if drafters or profiles:
+        print(f"the served config names what is not built yet ({', '.join(drafters + [p.name for _, p in profiles])}): "
+              "building it before serving", flush=True)
+        subprocess.run([sys.executable, "-m", "build_engines.on_demand", "served",
+                        f"--model-repository={model_repository}"], cwd=ROOT, check=True)
+
+
 def main(argv=None) -> int:
     from .edge import MAX_BODY_BYTES, MAX_DEPTH
 
@@ -487,6 +509,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-json-depth", type=int, default=int(os.environ.get("SPECSERVE_MAX_JSON_DEPTH") or MAX_DEPTH),
                     help="deepest JSON nesting in an HTTP request (400 beyond)")
     args = ap.parse_args(argv)
+    build_what_is_served(args.model_repository)
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port, triton_http=free_port())
     if stop_orphan_servers(ports):
         print("stopped a tritonserver a killed launcher left on these ports", flush=True)

@@ -7,54 +7,17 @@ from pathlib import Path
 
 import torch
 
-from policy import Policy, make_policy
-from policy.config import load_policy_config
-
 from .drafters import DRAFTERS, Drafter, make_drafter
 from .drafters.feature import load_model_drafter
-from .drafters.model import find_artifact
+from .drafters.artifacts import find_artifact, not_built
 from .engine_loop import EngineLoop, LoopConfig
 from .engines import Engine
 from .engines.torch_llama import TorchLlama
 from .request import Limits
+from .served_policy import load_policy
 from .server_config import ServerConfig
 
 log = logging.getLogger("specserve")
-
-
-def load_policy(cfg: ServerConfig, root: Path) -> Policy:
-    """The policy named by the config, with parameters from its YAML file if given.
-    Relative profile paths (`*_path` parameters) are relative to the project root, and
-    `{engine}` in them is the served engine's name (torch/bf16 -> torch-bf16): each engine
-    plans with its own measured curve (build_engines/profile_costs.py). A profile not
-    measured yet is left out with a warning: the policy then plans with its default curve."""
-    if not cfg.policy_config:
-        return make_policy(cfg.policy)
-    name, params = load_policy_config(str(cfg.resolve(cfg.policy_config, root)))
-    for key, value in list(params.items()):
-        if key.endswith("_path") and value:
-            path = cfg.resolve(str(value).replace("{engine}", engine_name(cfg, root).replace("/", "-")), root)
-            if "{engine}" in str(value) and not path.exists():
-                log.warning("no %s at %s (measure it: python -m build_engines.profile_costs --engine %s); "
-                            "the policy plans with its default curve", key, path, cfg.engine)
-                del params[key]
-                continue
-            params[key] = str(path)
-    return make_policy(name, **params)
-
-
-def engine_name(cfg: ServerConfig, root: Path) -> str:
-    """The name (Engine.name) of the engine the config serves, without building it."""
-    if cfg.engine == "llama.cpp":
-        if not cfg.gguf:
-            from .engines.llama_cpp import gguf_entry
-            entry = gguf_entry(cfg.resolve(cfg.checkpoint, root))
-            return f"llama.cpp/{entry['type'] if entry else 'unknown'}"
-        # a GGUF named by path: its type from the file name (model-Q8_0.gguf, X.Q4_1.gguf)
-        return f"llama.cpp/{cfg.resolve(cfg.gguf, root).stem.rsplit('.', 1)[-1].rsplit('-', 1)[-1].upper()}"
-    if cfg.engine == "trtllm":
-        return "trtllm"
-    return "torch/bf16-variant" if cfg.dtype == "bf16" and not cfg.batch_invariant else f"torch/{cfg.dtype}"
 
 
 def build_loop(cfg: ServerConfig, root: Path) -> EngineLoop:
@@ -118,8 +81,7 @@ def build_drafter(name: str, cfg: ServerConfig, root: Path, engine: Engine) -> D
         return make_drafter(name)
     path = find_artifact(cfg.resolve(cfg.drafter_dir, root), name)
     if path is None:
-        raise ValueError(f"unknown drafter {name!r}: not one of {', '.join(sorted(DRAFTERS))} and no model drafter "
-                         f"'{name}-drafter' in {cfg.drafter_dir} (build it: python -m build_engines.distill_drafter)")
+        raise not_built(name, cfg.drafter_dir, DRAFTERS)
     d = load_model_drafter(name, path, dtype=cfg.dtype, max_slots=cfg.max_batch, max_context=cfg.max_context,
                            target=engine if isinstance(engine, TorchLlama) else None)
     log.info("model drafter %s from %s (%.1f MB resident)", name, path, d.weight_bytes / 2**20)

@@ -44,13 +44,11 @@ def log(msg):
 
 def load_drafters(engine):
     from backend.drafters import make_drafter
-    from backend.drafters.model import ModelDrafter, find_artifact
+    from backend.drafters.model import ModelDrafter
+    from build_engines.on_demand import ensure_drafter
     out = {"ngram": make_drafter("ngram"), "suffix": make_drafter("suffix")}
     for name in MODEL_DRAFTERS:
-        path = find_artifact(DRAFTER_DIR, name)
-        if path is None:
-            log(f"  (no {name} drafter built in {DRAFTER_DIR}; skipped)")
-            continue
+        path = ensure_drafter(name, DRAFTER_DIR)  # distilled now if not built yet (first time only)
         out[name] = ModelDrafter(name, path, max_slots=engine.max_slots, max_context=engine.max_context, target=engine)
         log(f"  {name} drafter: {path.name}, {out[name].weight_bytes / 2**20:.1f} MiB resident")
     return out

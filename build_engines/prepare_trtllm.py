@@ -112,7 +112,7 @@ def drafter_entries(names: list, target: dict, drafter_dir: Path, target_ckpt: P
     """One manifest entry per drafter; model drafters found (or distilled) and checked."""
     from backend.drafters import DRAFTERS
     from backend.drafters.feature import is_feature_drafter
-    from backend.drafters.model import find_artifact
+    from backend.drafters.artifacts import find_artifact
 
     entries = []
     for name in names:

@@ -1,20 +1,34 @@
 #!/usr/bin/env bash
-# Install everything the project needs, idempotently (a second run takes seconds):
+# Install what serving the default model needs, idempotently (a second run takes seconds):
 #   1. the project venv (.venv) with pinned requirements (torch 2.13.0 CPU), the project
 #      itself installed into it, editable (pyproject.toml), and llama-cpp-python built for this CPU,
 #   2. the real Triton Inference Server + Python backend from the nvidia-pytriton wheel,
 #   3. the default model, converted once into a cached safetensors checkpoint, and the GGUF the
 #      llama.cpp engine serves,
-#   4. the distilled model drafters (build_engines/distill_drafter.py): SPECSERVE_DRAFTER_PRESET=quick
-#      (default: a few minutes, what the tests need) or full (per drafter the first time: ~20-27 min on a
-#      CPU with native bf16, ~55 min on an AVX2-only one),
-#   5. the step-time / switch-cost profile of this machine (build_engines/profile_costs.py),
-#   6. (unless SPECSERVE_SKIP_LOADTOOLS=1) perf_analyzer and genai-perf.
+#   4. the served engine's step-time profile (build_engines/profile_costs.py, within
+#      SPECSERVE_PROFILE_BUDGET_S, 120 s).
+# The rest is built the first time something needs it (build_engines/on_demand.py: a served config
+# that names it, a test, a benchmark), with progress, or here up front:
+#   --drafters   the distilled model drafters chat, code, chat-feature (SPECSERVE_DRAFTER_PRESET=quick,
+#                a few minutes; full: ~20-27 min each on a CPU with native bf16, ~55 min on AVX2 only)
+#   --profiles   the torch engine's step-time profile too (and the llama.cpp one again with the drafters)
+#   --loadtools  perf_analyzer and genai-perf (scripts/setup_loadtools.sh)
+#   --all        all three
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="$ROOT/.cache"
 PYTRITON_SPEC="nvidia-pytriton==0.7.0"
 say() { echo "[setup] $*"; }
+DRAFTERS=0 PROFILES=0 LOADTOOLS=0
+for arg in "$@"; do
+  case "$arg" in
+    --drafters) DRAFTERS=1 ;;
+    --profiles) PROFILES=1 ;;
+    --loadtools) LOADTOOLS=1 ;;
+    --all) DRAFTERS=1 PROFILES=1 LOADTOOLS=1 ;;
+    *) echo "usage: scripts/setup.sh [--drafters] [--profiles] [--loadtools] [--all]" >&2; exit 64 ;;
+  esac
+done
 cd "$ROOT"
 
 # 1. venv ------------------------------------------------------------------------
@@ -41,22 +55,26 @@ else
 fi
 
 # the llama.cpp engine: llama-cpp-python has no binary wheel on the index, so its sdist is built here
-# (vendored llama.cpp, native to this CPU: 5 min on 2 quiet cores). The wheel is cached per CPU kind
-# (a native build would not run on another one), so a second run installs it in seconds.
+# (vendored llama.cpp, native to this CPU: ~5 min on 2 quiet AVX-512 cores, ~8 on AVX2 ones). Without its
+# multimodal library (mtmd: images and audio, which we never load; -DLLAVA_BUILD=OFF), a quarter of the
+# compile. The wheel is cached per CPU kind and build options (a native build would not run on another
+# CPU), so a second run installs it in seconds. CMAKE_ARGS you set are passed on (and key the cache).
 LLAMA_SPEC="llama-cpp-python==0.3.36"
+LLAMA_CMAKE_ARGS="${CMAKE_ARGS:-} -DLLAVA_BUILD=OFF"
 cpu_kind="$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | sort | md5sum | cut -c1-12)"
-W="$CACHE/wheels/llama-cpp-$cpu_kind"
-if [ "$(cat .venv/.llama.installed 2>/dev/null)" != "$LLAMA_SPEC $cpu_kind" ]; then
+build_kind="$cpu_kind-$(echo "$LLAMA_CMAKE_ARGS" | md5sum | cut -c1-6)"
+W="$CACHE/wheels/llama-cpp-$build_kind"
+if [ "$(cat .venv/.llama.installed 2>/dev/null)" != "$LLAMA_SPEC $build_kind" ]; then
   if ! ls "$W"/llama_cpp_python-*.whl >/dev/null 2>&1; then
-    say "building $LLAMA_SPEC from source for this CPU (about 5 min on 2 cores; progress in compile steps)"
+    say "building $LLAMA_SPEC from source for this CPU (about 5-8 min on 2 cores; progress in compile steps)"
     mkdir -p "$W"
-    .venv/bin/pip wheel -v --no-deps --disable-pip-version-check -w "$W.part" "$LLAMA_SPEC" 2>&1 \
+    CMAKE_ARGS="$LLAMA_CMAKE_ARGS" .venv/bin/pip wheel -v --no-deps --disable-pip-version-check -w "$W.part" "$LLAMA_SPEC" 2>&1 \
       | awk '/^ *\[[0-9]+\/[0-9]+\]/ { split($1, a, /[\[\/\]]/); if (a[2] % 20 == 0 || a[2] == a[3]) { print "[setup]   llama.cpp compile " a[2] "/" a[3]; fflush() } }
              /^(ERROR|CMake Error)|: error:/ { print; fflush() }'
     mv "$W.part"/llama_cpp_python-*.whl "$W"/ && rm -rf "$W.part"
   fi
   .venv/bin/pip install -q --no-deps --disable-pip-version-check --force-reinstall "$W"/llama_cpp_python-*.whl
-  echo "$LLAMA_SPEC $cpu_kind" > .venv/.llama.installed
+  echo "$LLAMA_SPEC $build_kind" > .venv/.llama.installed
 else
   say "llama.cpp engine installed"
 fi
@@ -86,21 +104,13 @@ fi
 .venv/bin/python -m build_engines.prepare_gguf --checkpoint "$CACHE/models/smollm2-135m-instruct" \
   --source "$CACHE/downloads/SmolLM2-135M-Instruct.Q4_1.gguf"
 
-# 4. model drafters, distilled from the target on this CPU (skipped when already built)
-.venv/bin/python -m build_engines.distill_drafter --preset "${SPECSERVE_DRAFTER_PRESET:-quick}" \
-  --target "$CACHE/models/smollm2-135m-instruct" --out "$CACHE/drafters"
-.venv/bin/python -m build_engines.distill_drafter --kind feature --domain chat --preset "${SPECSERVE_DRAFTER_PRESET:-quick}" \
-  --target "$CACHE/models/smollm2-135m-instruct" --out "$CACHE/drafters"
+# 4. the served engine's step-time / switch-cost profile the adaptive policy reads (this machine's)
+.venv/bin/python -m build_engines.on_demand profile --engine llama.cpp
 
-# 5. step-time / switch-cost profile the adaptive policies read (measured on this machine)
-# per engine (<model>-<engine>.json): the served llama.cpp engine and the torch reference engine
-for engine in llama.cpp torch; do
-  .venv/bin/python -m build_engines.profile_costs --engine "$engine" --repeats 3 --drafter-dir "$CACHE/drafters" \
-    --checkpoint "$CACHE/models/smollm2-135m-instruct" --out-dir "$CACHE/profiles"
-done
-
-# 6. load-testing clients ------------------------------------------------------------
-if [ "${SPECSERVE_SKIP_LOADTOOLS:-0}" != "1" ] && [ -f scripts/setup_loadtools.sh ]; then
-  bash scripts/setup_loadtools.sh
+# what the flags ask for up front (otherwise built on demand) ------------------------------------
+if [ "$DRAFTERS" = 1 ]; then .venv/bin/python -m build_engines.on_demand drafters; fi
+if [ "$PROFILES" = 1 ]; then
+  for engine in llama.cpp torch; do .venv/bin/python -m build_engines.on_demand profile --engine "$engine"; done
 fi
+if [ "$LOADTOOLS" = 1 ]; then bash scripts/setup_loadtools.sh; fi
 say "done"

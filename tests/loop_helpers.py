@@ -13,6 +13,6 @@ def served_policy(name: str, **config):
     """Policy `name` built from its example config (configs/policies) the way the server builds
     it (backend/service.load_policy: profile paths filled in for the engine the config names)."""
     from backend.server_config import ServerConfig
-    from backend.service import load_policy
+    from backend.served_policy import load_policy
     root = Path(__file__).resolve().parents[1]
     return load_policy(ServerConfig(policy=name, policy_config=f"configs/policies/{name}.yaml", **config), root)

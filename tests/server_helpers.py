@@ -48,11 +48,11 @@ class Server:
 
 
 @contextmanager
-def running_server(env: dict, log_dir):
+def running_server(env: dict, log_dir, ready_timeout_s: float = 180.0):
     """Start the project's server with these SPECSERVE_* settings; stop it afterwards."""
     log_path = log_dir / "server.log"
     with open(log_path, "w") as log:
-        proc, ports = start_server(env=env, log_file=log)
+        proc, ports = start_server(env=env, log_file=log, ready_timeout_s=ready_timeout_s)
     try:
         yield Server(proc, ports, log_path)
     finally:

@@ -242,11 +242,3 @@ class ModelDrafter(Drafter):
         self.slots.pop(seq_id, None)
         self.fed.pop(seq_id, None)
         self.verified.pop(seq_id, None)
-
-
-def find_artifact(root: Path, name: str) -> Optional[Path]:
-    """The built drafter directory for `name`: <root>/<name>-drafter, else the quick CI build."""
-    for cand in (root / f"{name}-drafter", root / f"{name}-drafter-quick"):
-        if (cand / "config.json").exists():
-            return cand
-    return None

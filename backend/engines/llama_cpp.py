@@ -30,7 +30,6 @@ where half of them do, alternating, is padded (`ubatches`, `_pad_pays`).
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import os
 import re
@@ -42,6 +41,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 import torch
 
+from ..manifest import gguf_entry
 from .contract import check_forward_args, check_slot
 
 log = logging.getLogger("specserve.llama_cpp")
@@ -90,12 +90,6 @@ def _pad_pays(slots: Sequence[int], lens: Sequence[int]) -> bool:
     """
     pad_tokens = max(lens) * len(lens) - sum(lens)
     return pad_tokens > 0 and (ubatches(slots, lens) - 1) * UBATCH_COST_TOKENS > pad_tokens
-
-
-def gguf_entry(checkpoint: Path) -> Optional[dict]:
-    """The checkpoint manifest's `gguf` entry (file, type, source, sha256), or None."""
-    manifest = checkpoint / "manifest.json"
-    return json.loads(manifest.read_text()).get("gguf") if manifest.exists() else None
 
 
 def served_gguf(checkpoint: Path) -> Path:

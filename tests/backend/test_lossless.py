@@ -1,28 +1,22 @@
 """Speculation never changes what the target produces: greedy output with any
 drafter and length equals plain greedy decoding token for token (fp32)."""
-from pathlib import Path
-
 import pytest
 
 from backend.engines.torch_llama import TorchLlama
 from backend.drafters import make_drafter
 from backend.drafters.feature import load_model_drafter
-from backend.drafters.model import find_artifact
 from policy import POLICIES, Arm, Decision, MemoryAction, Policy
 from policy.base import resident_names
 from loop_helpers import greedy, make_loop, run_all, served_policy
 
-# -- model drafters (built by build_engines/distill_drafter.py; the set-up builds them) ---------------
+# -- model drafters (distilled by build_engines/distill_drafter.py; the fixture builds them once) -------
 
-DRAFTER_DIR = Path(__file__).resolve().parents[2] / ".cache" / "drafters"
-
-
-def model_drafter(name, engine):
-    path = find_artifact(DRAFTER_DIR, name)
-    if path is None:
-        pytest.fail(f"model drafter {name!r} not built in {DRAFTER_DIR}: run scripts/setup.sh")
-    return load_model_drafter(name, path, dtype="fp32", max_slots=engine.max_slots, max_context=engine.max_context,
-                              target=engine)
+@pytest.fixture(scope="module")
+def model_drafter(built_drafter):
+    def load(name, engine):
+        return load_model_drafter(name, built_drafter(name), dtype="fp32", max_slots=engine.max_slots,
+                                  max_context=engine.max_context, target=engine)
+    return load
 
 
 ARTICLE = ("The Amazon rainforest covers much of the Amazon basin of South America. This basin encompasses "
@@ -94,7 +88,7 @@ def test_speculative_equals_plain_greedy_in_a_continuous_batch(engine, tokenizer
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
-def test_every_policy_runs_losslessly_in_the_engine_loop(engine, tokenizer, plain, name):
+def test_every_policy_runs_losslessly_in_the_engine_loop(engine, tokenizer, plain, name, model_drafter):
     """Each registered policy, built from its example config, drives the real loop;
     whatever arms it picks, the output is plain greedy's."""
     drafters = {n: make_drafter(n) for n in ("ngram", "suffix")}
@@ -109,7 +103,7 @@ def test_every_policy_runs_losslessly_in_the_engine_loop(engine, tokenizer, plai
 
 
 @pytest.mark.parametrize("name", ["code", "chat", "chat-feature"])
-def test_model_drafter_equals_plain_greedy_in_a_continuous_batch(engine, tokenizer, plain, name):
+def test_model_drafter_equals_plain_greedy_in_a_continuous_batch(engine, tokenizer, plain, name, model_drafter):
     drafters = {name: model_drafter(name, engine)}
     loop = make_loop(engine, tokenizer, "static", max_batch=4, drafters=drafters, drafter=name, gamma=3)
     spec = [s.chunks[-1] for s in run_all(loop, [greedy(p, 40) for p in PROMPTS])]
@@ -135,7 +129,7 @@ class ParkThenReload(Policy):
 
 
 @pytest.mark.parametrize("name", ["chat", "chat-feature"])
-def test_lossless_across_a_drafter_park_and_reload_mid_generation(engine, tokenizer, plain, name):
+def test_lossless_across_a_drafter_park_and_reload_mid_generation(engine, tokenizer, plain, name, model_drafter):
     drafter = model_drafter(name, engine)
     loop = make_loop(engine, tokenizer, "off", max_batch=4, drafters={name: drafter})
     loop.policy = ParkThenReload(name)

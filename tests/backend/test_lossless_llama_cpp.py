@@ -4,14 +4,12 @@ token on 52 varied prompts, under every registered policy, alone and in a contin
 of 8, and under a KV budget tight enough to preempt. Plain decoding in a batch of 8 equals
 plain decoding alone too: the engine's logits do not depend on the batch (the contract
 suite checks that at the level of single forwards, tolerance 0)."""
-from pathlib import Path
 
 import pytest
 import torch
 
 from backend.drafters import make_drafter
 from backend.drafters.feature import load_model_drafter
-from backend.drafters.model import find_artifact
 from backend.engines.llama_cpp import LlamaCpp, served_gguf
 from loop_helpers import greedy, make_loop, run_all, served_policy
 from policy import POLICIES
@@ -28,7 +26,6 @@ MAX_TOKENS = 24
 # profile: AdaSpec and SmartSpec never draft here, composite sometimes probes. The others
 # must draft on the copy-heavy prompts (else the comparison proves little).
 PRICED_OUT = ("adaspec", "smartspec", "composite")
-DRAFTER_DIR = Path(__file__).resolve().parents[2] / ".cache" / "drafters"
 
 
 @pytest.fixture(scope="module")
@@ -42,14 +39,11 @@ def engine(checkpoint):
 
 
 @pytest.fixture(scope="module")
-def drafters(engine):
+def drafters(engine, built_drafter):
     """The server's drafter set: model-free ones and the distilled model drafters (torch)."""
     out = {n: make_drafter(n) for n in ("ngram", "suffix")}
     for name in ("code", "chat"):
-        path = find_artifact(DRAFTER_DIR, name)
-        if path is None:
-            pytest.fail(f"model drafter {name!r} not built in {DRAFTER_DIR}: run scripts/setup.sh")
-        out[name] = load_model_drafter(name, path, dtype="bf16", max_slots=engine.max_slots,
+        out[name] = load_model_drafter(name, built_drafter(name), dtype="bf16", max_slots=engine.max_slots,
                                        max_context=engine.max_context)
     return out
 

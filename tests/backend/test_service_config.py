@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from backend.server_config import ServerConfig
-from backend.service import engine_name, load_policy
+from backend.served_policy import engine_name, load_policy
 from policy.profiles import StepTimeProfile
 
 

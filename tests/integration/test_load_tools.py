@@ -4,18 +4,11 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TOOLS = ROOT / ".cache" / "loadtools" / "bin"
 
 
-def _tool(name):
-    path = TOOLS / name
-    assert path.exists(), f"{path} missing: scripts/setup.sh installs it (scripts/setup_loadtools.sh)"
-    return str(path)
-
-
-def test_perf_analyzer_streams_against_the_server(server):
+def test_perf_analyzer_streams_against_the_server(server, load_tool):
     out = subprocess.run(
-        [_tool("perf_analyzer"), "-m", "llm", "-u", server.grpc, "-i", "grpc", "--streaming",
+        [str(load_tool("perf_analyzer")), "-m", "llm", "-u", server.grpc, "-i", "grpc", "--streaming",
          "--input-data", str(ROOT / "bench" / "perf_analyzer_input.json"), "--concurrency-range", "2",
          "--request-count", "6"],
         capture_output=True, text=True, timeout=300)
@@ -23,9 +16,9 @@ def test_perf_analyzer_streams_against_the_server(server):
     assert "Throughput:" in out.stdout and "Response Throughput" in out.stdout
 
 
-def test_genai_perf_profiles_the_server(server, tmp_path, checkpoint):
+def test_genai_perf_profiles_the_server(server, tmp_path, checkpoint, load_tool):
     out = subprocess.run(
-        [_tool("genai-perf"), "profile", "-m", "llm", "--endpoint-type", "kserve", "--backend", "tensorrtllm",
+        [str(load_tool("genai-perf")), "profile", "-m", "llm", "--endpoint-type", "kserve", "--backend", "tensorrtllm",
          "-u", server.grpc, "--streaming", "--tokenizer", str(checkpoint), "--concurrency", "2",
          "--request-count", "4", "--synthetic-input-tokens-mean", "32", "--output-tokens-mean", "16",
          "--artifact-dir", str(tmp_path / "artifacts")],

@@ -4,12 +4,10 @@ import json
 import os
 import subprocess
 import urllib.request
-from pathlib import Path
 
 import openai
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
 QUESTION = "What is the capital of France? Answer in one sentence."
 
 
@@ -196,9 +194,8 @@ def test_stream_closed_by_the_client_cancels_the_request(client, server):
 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
-def test_genai_perf_openai_endpoints(server, tmp_path, checkpoint, endpoint):
-    tool = ROOT / ".cache" / "loadtools" / "bin" / "genai-perf"
-    assert tool.exists(), f"{tool} missing: scripts/setup.sh installs it (scripts/setup_loadtools.sh)"
+def test_genai_perf_openai_endpoints(server, tmp_path, checkpoint, endpoint, load_tool):
+    tool = load_tool("genai-perf")
     out = subprocess.run(
         [str(tool), "profile", "-m", "llm", "--endpoint-type", endpoint, "-u", server.http, "--streaming",
          "--tokenizer", str(checkpoint), "--concurrency", "2", "--request-count", "4",

@@ -6,7 +6,7 @@ import urllib.request
 from pathlib import Path
 
 from backend.server_config import ServerConfig
-from backend.service import load_policy
+from backend.served_policy import load_policy
 from conftest import SERVER_ENV
 from policy.replay import reproduce
 from policy.types import StepOutcome

@@ -16,7 +16,6 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +23,6 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog."
 DTYPES = {np.dtype(object): "BYTES", np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32",
           np.dtype(bool): "BOOL", np.dtype(np.uint64): "UINT64"}
@@ -332,9 +330,8 @@ def test_unknown_input_grpc_stream(server, model):
 
 
 # -- NVIDIA's load tool over HTTP ----------------------------------------------------------------------
-def test_perf_analyzer_http_unary(server, tmp_path):
-    tool = ROOT / ".cache" / "loadtools" / "bin" / "perf_analyzer"
-    assert tool.exists(), f"{tool} missing: scripts/setup.sh installs it (scripts/setup_loadtools.sh)"
+def test_perf_analyzer_http_unary(server, tmp_path, load_tool):
+    tool = load_tool("perf_analyzer")
     data = tmp_path / "input.json"
     data.write_text(json.dumps({"data": [
         {"text_input": {"content": ["Write a haiku about the sea."], "shape": [1]},

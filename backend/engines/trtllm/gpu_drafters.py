@@ -31,8 +31,10 @@ import torch
 
 from policy.speculator import Speculator
 
+from ...drafters import DRAFTERS
+from ...drafters.artifacts import find_artifact, not_built
 from ...drafters.feature import is_feature_drafter
-from ...drafters.model import ModelDrafter, find_artifact
+from ...drafters.model import ModelDrafter
 from ...engines.torch_llama import TorchLlama
 from ...server_config import ServerConfig
 
@@ -91,8 +93,7 @@ def load_gpu_drafter(name: str, cfg: ServerConfig, root: Path, placement: Placem
     read the target's hidden states, which TensorRT-LLM's drafter hook does not hand out."""
     path = find_artifact(cfg.resolve(cfg.drafter_dir, root), name)
     if path is None:
-        raise ValueError(f"unknown drafter {name!r}: not a registered drafter and no model drafter '{name}-drafter' "
-                         f"in {cfg.drafter_dir} (build it: python -m build_engines.distill_drafter)")
+        raise not_built(name, cfg.drafter_dir, DRAFTERS)
     if is_feature_drafter(path):
         raise ValueError(f"drafter {name!r} reads the target's features (hidden states); TensorRT-LLM's drafter "
                          f"hook does not provide them, so it cannot serve there")

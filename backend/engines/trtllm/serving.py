@@ -59,7 +59,7 @@ def build_speculator(cfg: ServerConfig, root: Path, placement: Optional[Placemen
     """The policy and drafters of the config: registered (model-free) drafters, and model drafters
     from drafter_dir on the GPU (`placement`), whose park/reload the policy drives."""
     from ...drafters import DRAFTERS, make_drafter
-    from ...service import load_policy
+    from ...served_policy import load_policy
 
     names = [n.strip() for n in cfg.drafters.split(",") if n.strip()]
     drafters = {}

@@ -74,7 +74,7 @@ def test_parking_a_model_drafter_frees_its_gpu_memory_and_reloading_restores_it(
     (torch's allocator, then the driver), and come back on reload with the same drafts."""
     import torch
 
-    from backend.drafters.model import find_artifact
+    from backend.drafters.artifacts import find_artifact
     from backend.engines.trtllm.gpu_drafters import DrafterMemory, GpuModelDrafter, Placement
     from policy.speculator import DraftRequest
     from policy.types import MemoryAction

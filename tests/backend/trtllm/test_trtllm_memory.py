@@ -12,7 +12,6 @@ import torch
 
 from backend.engines.torch_llama import TorchLlama
 from backend.engines.trtllm.gpu_drafters import DrafterMemory, GpuModelDrafter, Placement
-from backend.drafters.model import find_artifact
 from backend.offline import ListSink
 from backend.request import GenerationRequest
 from backend.server_config import ServerConfig
@@ -63,11 +62,8 @@ def test_the_engine_moves_whole_keeps_tied_weights_one_tensor_and_frees_its_cach
 
 
 @pytest.fixture
-def chat_path():
-    path = find_artifact(DRAFTER_DIR, "chat")
-    if path is None:
-        pytest.fail(f"model drafter 'chat' not built in {DRAFTER_DIR}: run scripts/setup.sh")
-    return path
+def chat_path(built_drafter):
+    return built_drafter("chat")
 
 
 def drafts(d, tokens):
@@ -93,9 +89,9 @@ def test_park_and_reload_move_the_weights_off_and_on_the_device(chat_path, token
     assert drafts(d, tokens) == first  # the same weights came back
 
 
-def test_feature_drafters_are_refused_on_this_path():
+def test_feature_drafters_are_refused_on_this_path(model_drafters):
     from backend.engines.trtllm.gpu_drafters import load_gpu_drafter
-    cfg = ServerConfig(drafter_dir=str(DRAFTER_DIR))
+    cfg = ServerConfig(drafter_dir=str(model_drafters))
     with pytest.raises(ValueError, match="features"):
         load_gpu_drafter("chat-feature", cfg, ROOT, RecordingPlacement())
     with pytest.raises(ValueError, match="unknown drafter"):

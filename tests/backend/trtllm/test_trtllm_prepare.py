@@ -33,7 +33,7 @@ def run(*argv):
     return prepare_trtllm.prepare(prepare_trtllm.parser().parse_args(list(argv)))
 
 
-def test_prepare_writes_the_settings_and_a_manifest(target):
+def test_prepare_writes_the_settings_and_a_manifest(target, model_drafters):
     served = run("--checkpoint", str(target), "--max-batch", "16", "--max-context", "1024", "--kv-fraction", "0.5",
                  "--no-block-reuse", "--drafters", "ngram,suffix,chat", "--drafter-dir", str(DRAFTERS))
     assert served == target.resolve()
@@ -54,7 +54,7 @@ def test_prepare_writes_the_settings_and_a_manifest(target):
 
 
 @pytest.mark.parametrize("drafters, message", [("nosuch", "not in"), ("chat-feature", "hidden states")])
-def test_prepare_refuses_drafters_the_path_cannot_serve(target, drafters, message):
+def test_prepare_refuses_drafters_the_path_cannot_serve(target, drafters, message, model_drafters):
     with pytest.raises(SystemExit, match=message):
         run("--checkpoint", str(target), "--drafters", drafters, "--drafter-dir", str(DRAFTERS))
 

@@ -1,0 +1,58 @@
+"""The policy a served config names, and the measured profiles it plans with (no torch, no
+engine built here: the launcher checks these before it starts Triton)."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Dict, Tuple
+
+from policy import Policy, make_policy
+from policy.config import load_policy_config
+
+from .manifest import gguf_entry
+from .server_config import ServerConfig
+
+log = logging.getLogger("specserve")
+
+
+def engine_name(cfg: ServerConfig, root: Path) -> str:
+    """The name (Engine.name) of the engine the config serves, without building it."""
+    if cfg.engine == "llama.cpp":
+        if not cfg.gguf:
+            entry = gguf_entry(cfg.resolve(cfg.checkpoint, root))
+            return f"llama.cpp/{entry['type'] if entry else 'unknown'}"
+        # a GGUF named by path: its type from the file name (model-Q8_0.gguf, X.Q4_1.gguf)
+        return f"llama.cpp/{cfg.resolve(cfg.gguf, root).stem.rsplit('.', 1)[-1].rsplit('-', 1)[-1].upper()}"
+    if cfg.engine == "trtllm":
+        return "trtllm"
+    return "torch/bf16-variant" if cfg.dtype == "bf16" and not cfg.batch_invariant else f"torch/{cfg.dtype}"
+
+
+def policy_params(cfg: ServerConfig, root: Path) -> Tuple[str, dict, Dict[str, Path]]:
+    """(policy name, its parameters, the `{engine}` profiles it names that are not measured yet).
+    Relative `*_path` parameters are relative to the project root, and `{engine}` in them is the
+    served engine's name (torch/bf16 -> torch-bf16): each engine plans with its own measured
+    curve (build_engines/profile_costs.py). Missing profiles are left out of the parameters."""
+    if not cfg.policy_config:
+        return cfg.policy, {}, {}
+    name, params = load_policy_config(str(cfg.resolve(cfg.policy_config, root)))
+    missing = {}
+    for key, value in list(params.items()):
+        if key.endswith("_path") and value:
+            path = cfg.resolve(str(value).replace("{engine}", engine_name(cfg, root).replace("/", "-")), root)
+            if "{engine}" in str(value) and not path.exists():
+                missing[key] = path
+                del params[key]
+                continue
+            params[key] = str(path)
+    return name, params, missing
+
+
+def load_policy(cfg: ServerConfig, root: Path) -> Policy:
+    """The policy named by the config, with parameters from its YAML file if given. A profile
+    not measured yet is left out with a warning: the policy then plans with its default curve."""
+    name, params, missing = policy_params(cfg, root)
+    for key, path in missing.items():
+        log.warning("no %s at %s (measure it: python -m build_engines.profile_costs --engine %s); "
+                    "the policy plans with its default curve", key, path, cfg.engine)
+    return make_policy(name, **params)

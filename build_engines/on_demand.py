@@ -1,0 +1,196 @@
+"""Build what set-up leaves out, the first time something needs it, with progress.
+
+Set-up (scripts/setup.sh) builds only what the served default needs: the venv, llama.cpp, the
+Triton server, the model, its GGUF and the served engine's step-time profile. The rest is built
+here when a served config, a test or a benchmark first needs it, or all at once by
+`scripts/setup.sh --all`:
+
+    python -m build_engines.on_demand drafters [chat code chat-feature]   # model drafters
+    python -m build_engines.on_demand profile --engine torch              # another engine's profile
+    python -m build_engines.on_demand loadtools                           # perf_analyzer, genai-perf
+    python -m build_engines.on_demand served                              # what the served config names
+
+Everything lands under .cache/ and is built once: each build holds a file lock, so two
+processes that need the same thing (the launcher and a test, say) build it once, and an
+up-to-date artifact costs a file check.
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / ".cache"
+CHECKPOINT = CACHE / "models" / "smollm2-135m-instruct"
+DRAFTER_DIR = CACHE / "drafters"
+PROFILE_DIR = CACHE / "profiles"
+LOADTOOLS = CACHE / "loadtools" / "bin"
+MODEL_DRAFTERS = ("chat", "code", "chat-feature")  # what scripts/setup.sh --drafters builds
+DOMAINS = ("code", "chat")  # distill_drafter's (drafter_data.DOMAINS; not imported: it imports torch)
+
+
+def log(msg: str) -> None:
+    print(f"[on_demand] {msg}", flush=True)
+
+
+def profile_budget_s() -> float:
+    """Seconds a step-time profile may take: SPECSERVE_PROFILE_BUDGET_S, else 120."""
+    return float(os.environ.get("SPECSERVE_PROFILE_BUDGET_S") or 120)
+
+
+def drafter_preset() -> str:
+    """quick (a few minutes: what the tests need) unless SPECSERVE_DRAFTER_PRESET says full."""
+    return os.environ.get("SPECSERVE_DRAFTER_PRESET") or "quick"
+
+
+def model_drafter(name: str) -> Optional[Tuple[str, str]]:
+    """(domain, kind) of a model drafter's name ("chat", "code-feature"); None for any other name.
+
+    >>> model_drafter("chat"), model_drafter("chat-feature"), model_drafter("ngram")
+    (('chat', 'token'), ('chat', 'feature'), None)
+    """
+    domain, _, kind = name.partition("-")
+    if domain in DOMAINS and kind in ("", "feature"):
+        return domain, kind or "token"
+    return None
+
+
+@contextmanager
+def build_lock(directory: Path, what: str):
+    """One builder of `what` at a time across processes; the others wait, then find it built."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / f".{what}.lock", "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"another process is building {what}: waiting for it")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def ensure_drafter(name: str, drafter_dir: Path = DRAFTER_DIR, checkpoint: Path = CHECKPOINT,
+                   preset: Optional[str] = None) -> Path:
+    """The built model drafter `name`, distilled now (seeded, on this CPU) if none is built."""
+    from backend.drafters.artifacts import find_artifact
+    found = find_artifact(drafter_dir, name)
+    if found is not None:
+        return found
+    spec = model_drafter(name)
+    if spec is None:
+        raise ValueError(f"{name!r} is not a model drafter (one of: {', '.join(MODEL_DRAFTERS)})")
+    preset = preset or drafter_preset()
+    with build_lock(drafter_dir, f"{name}-drafter"):
+        found = find_artifact(drafter_dir, name)  # built while we waited
+        if found is not None:
+            return found
+        log(f"building the model drafter {name!r} ({preset} preset; the first time only: ~1-3 min quick, "
+            f"20-55 min full)")
+        from .distill_drafter import build
+        return build(spec[0], preset, 0, checkpoint, drafter_dir, kind=spec[1])
+
+
+def ensure_profile(engine: str, checkpoint: Path = CHECKPOINT, out_dir: Path = PROFILE_DIR,
+                   drafter_dir: Path = DRAFTER_DIR, model: str = "smollm2-135m",
+                   budget_s: Optional[float] = None, engine_args: Sequence[str] = ()) -> None:
+    """The engine's step-time profile, measured within budget_s (profile_budget_s()) unless it
+    is up to date. engine_args: profile_costs' flags for the served variant (--dtype, --gguf, ...)."""
+    from .profile_costs import main as profile_costs
+    with build_lock(out_dir, f"{model}-{engine}-profile"):
+        profile_costs(["--engine", engine, "--checkpoint", str(checkpoint), "--out-dir", str(out_dir),
+                       "--drafter-dir", str(drafter_dir), "--model", model, "--repeats", "3",
+                       "--budget-s", str(budget_s or profile_budget_s()), *engine_args])
+
+
+def engine_args(cfg, root: Path) -> List[str]:
+    """profile_costs' flags that pick the engine variant a ServerConfig serves."""
+    if cfg.engine == "llama.cpp":
+        return ["--gguf", str(cfg.resolve(cfg.gguf, root))] if cfg.gguf else []
+    return ["--dtype", cfg.dtype] + ([] if cfg.batch_invariant else ["--no-batch-invariant"])
+
+
+def load_tool(name: str) -> Path:
+    """perf_analyzer or genai-perf, installed now (scripts/setup_loadtools.sh) if missing."""
+    tool = LOADTOOLS / name
+    if not tool.exists():
+        with build_lock(CACHE, "loadtools"):
+            if not tool.exists():
+                log("installing perf_analyzer and genai-perf (scripts/setup_loadtools.sh; the first time only)")
+                subprocess.run(["bash", str(ROOT / "scripts" / "setup_loadtools.sh")], check=True)
+    return tool
+
+
+def served_needs(cfg, root: Path) -> Tuple[List[str], List[Tuple[str, Path]]]:
+    """What the served config names that is not built: (model drafters, [(engine, profile)])."""
+    from backend.drafters.artifacts import find_artifact
+    from backend.served_policy import policy_params
+    drafter_dir = cfg.resolve(cfg.drafter_dir, root)
+    drafters = [n for n in (x.strip() for x in cfg.drafters.split(",")) if n and model_drafter(n)
+                and find_artifact(drafter_dir, n) is None]
+    profiles = []
+    if cfg.engine in ("llama.cpp", "torch"):  # trtllm's is measured inside its container
+        _, _, missing = policy_params(cfg, root)
+        # profile_costs writes <profile>.json and its <profile>.switch.json together
+        main = {p.with_name(p.name.replace(".switch.json", ".json")) for p in missing.values()}
+        profiles = [(cfg.engine, path) for path in sorted(main)]
+    return drafters, profiles
+
+
+def ensure_served(cfg, root: Path) -> None:
+    """Build what the served config names and set-up left out: its model drafters, then its
+    engine's profile (after the drafters: the profile measures the drafter it will serve)."""
+    drafters, profiles = served_needs(cfg, root)
+    if not (drafters or profiles):
+        return
+    ckpt, drafter_dir = cfg.resolve(cfg.checkpoint, root), cfg.resolve(cfg.drafter_dir, root)
+    for name in drafters:
+        ensure_drafter(name, drafter_dir, ckpt)
+    for engine, path in profiles:
+        model = path.name.split(f"-{engine}")[0]
+        log(f"measuring the {engine} engine's step-time profile for the policy ({path.name}; the first time only)")
+        ensure_profile(engine, ckpt, path.parent, drafter_dir, model, engine_args=engine_args(cfg, root))
+
+
+def served_config(model_repository: Path = ROOT / "model_repository", env=None):
+    """The ServerConfig the `llm` model will load: its config.pbtxt parameters, SPECSERVE_* over them."""
+    import re
+
+    from backend.server_config import ServerConfig
+    text = (model_repository / "llm" / "config.pbtxt").read_text()
+    params = dict(re.findall(r'parameters:\s*\{\s*key:\s*"([^"]+)"\s*value:\s*\{\s*string_value:\s*"([^"]*)"', text))
+    params.pop("project_root", None)
+    return ServerConfig.load(params, os.environ if env is None else env)
+
+
+def main(argv: Optional[Iterable[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="what", required=True)
+    d = sub.add_parser("drafters", help="model drafters (default: all of them)")
+    d.add_argument("names", nargs="*", default=list(MODEL_DRAFTERS))
+    p = sub.add_parser("profile", help="an engine's step-time profile")
+    p.add_argument("--engine", choices=("llama.cpp", "torch"), default="llama.cpp")
+    p.add_argument("--budget-s", type=float, default=None, help="default: SPECSERVE_PROFILE_BUDGET_S, else 120")
+    sub.add_parser("loadtools", help="perf_analyzer and genai-perf")
+    s = sub.add_parser("served", help="what the served config (model_repository/llm, SPECSERVE_*) names")
+    s.add_argument("--model-repository", type=Path, default=ROOT / "model_repository")
+    a = ap.parse_args(list(argv) if argv is not None else None)
+    if a.what == "drafters":
+        for name in a.names:
+            log(f"{name}: {ensure_drafter(name)}")
+    elif a.what == "profile":
+        ensure_profile(a.engine, budget_s=a.budget_s)
+    elif a.what == "loadtools":
+        for name in ("perf_analyzer", "genai-perf"):
+            log(f"{name}: {load_tool(name)}")
+    else:
+        ensure_served(served_config(a.model_repository), ROOT)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
