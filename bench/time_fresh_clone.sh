@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# What a new user waits for: a fresh clone of this checkout's HEAD, then the README's two commands.
+#   1. `bash scripts/serve.sh` until the first generated token (set-up from nothing included),
+#   2. `bash scripts/serve.sh` again, until the first token (everything cached),
+#   3. `bash scripts/test.sh` (set-up checks, then the whole suite; its first run builds the quick
+#      drafters and the load tools on demand).
+# Prints one line per phase with its wall time; logs stay in the clone's directory.
+#   bash bench/time_fresh_clone.sh [DIR]     (DIR: where to clone; default a new temporary one)
+set -euo pipefail
+SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DIR="${1:-$(mktemp -d /tmp/specserve-fresh.XXXXXX)}"
+PORT="${HTTP_PORT:-18000}"
+say() { echo "[fresh-clone] $*"; }
+
+git clone -q "$SRC" "$DIR/repo"
+cd "$DIR/repo"
+say "clone of $(git rev-parse --short HEAD) in $DIR/repo; CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)," \
+    "$(nproc) cores, $(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || echo 'AVX2 only')"
+
+first_token() {  # $1: log file. Serve, wait for a generated token, stop; prints the seconds it took.
+  local t0 pid
+  t0=$(date +%s)
+  HTTP_PORT=$PORT GRPC_PORT=$((PORT + 1)) METRICS_PORT=$((PORT + 2)) setsid bash scripts/serve.sh >"$1" 2>&1 &
+  pid=$!
+  until curl -sf -X POST "127.0.0.1:$PORT/v2/models/llm/generate" \
+        -d '{"text_input": "The capital of France is", "max_tokens": 1}' 2>/dev/null | grep -q '"text_output"'; do
+    if ! kill -0 "$pid" 2>/dev/null; then echo "serve.sh exited before serving; see $1" >&2; return 1; fi
+    sleep 2
+  done
+  echo $(( $(date +%s) - t0 ))
+  kill -TERM -- "-$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+
+s1=$(first_token "$DIR/serve-1.log"); say "first token, fresh clone: $s1 s"
+s2=$(first_token "$DIR/serve-2.log"); say "first token, second run:  $s2 s"
+t0=$(date +%s)
+if bash scripts/test.sh -q >"$DIR/test.log" 2>&1; then rc=0; else rc=$?; fi
+say "scripts/test.sh: $(( $(date +%s) - t0 )) s, exit $rc ($(grep -E '^[0-9]+ (passed|failed)' "$DIR/test.log" | tail -1))"
