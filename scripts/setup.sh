@@ -68,7 +68,7 @@ if [ "$(cat .venv/.llama.installed 2>/dev/null)" != "$LLAMA_SPEC $build_kind" ];
   if ! ls "$W"/llama_cpp_python-*.whl >/dev/null 2>&1; then
     say "building $LLAMA_SPEC from source for this CPU (about 5-8 min on 2 cores; progress in compile steps)"
     mkdir -p "$W"
-    CMAKE_ARGS="$LLAMA_CMAKE_ARGS" .venv/bin/pip wheel -v --no-deps --disable-pip-version-check -w "$W.part" "$LLAMA_SPEC" 2>&1 \
+    CMAKE_ARGS="$LLAMA_CMAKE_ARGS" .venv/bin/pip wheel -v --no-deps --no-cache-dir --disable-pip-version-check -w "$W.part" "$LLAMA_SPEC" 2>&1 \
       | awk '/^ *\[[0-9]+\/[0-9]+\]/ { split($1, a, /[\[\/\]]/); if (a[2] % 20 == 0 || a[2] == a[3]) { print "[setup]   llama.cpp compile " a[2] "/" a[3]; fflush() } }
              /^(ERROR|CMake Error)|: error:/ { print; fflush() }'
     mv "$W.part"/llama_cpp_python-*.whl "$W"/ && rm -rf "$W.part"
