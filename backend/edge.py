@@ -38,14 +38,12 @@ from typing import Optional
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
+from .wire import ADMIN_HEADER, REQUEST_ID, REQUEST_ID_HEADER, REQUEST_ID_NAMES, ErrorKind, error_kind
+
 log = logging.getLogger("specserve.edge")
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: a full 2,048-token prompt is ~10 KB
 MAX_DEPTH = 32  # the generate interface needs 3 levels; tensors in /infer one per dimension
-OVERLOADED_PREFIX = "server overloaded"  # backend/engine_loop.py EngineLoop.submit
-INTERNAL_PREFIX = "internal error"  # backend/triton_adapter.py, backend/engine_loop.py
-SHUTDOWN_PREFIX = "server shutting down"  # backend/request.py: the server is draining
-ADMIN_HEADER = "specserve-admin-key"  # opens the restricted APIs (backend/launcher.py)
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
               "transfer-encoding", "upgrade", "content-length", "host", "expect"}
 GENERATE = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?/generate(?:_stream)?$")
@@ -55,12 +53,10 @@ INFER = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?/infer$")
 # (model_repository/llm_unary) instead. Its responses name llm_unary as the model.
 UNARY_ROUTES = {"llm": "llm_unary", "ensemble": "llm_unary", "tensorrt_llm_bls": "llm_unary"}
 INFER_HEADER = "Inference-Header-Content-Length"
-# The edge's own id of a request the model computes. Triton 2.51 forwards headers
+# The edge's own id of a request the model computes (backend/wire.py). Triton 2.51 forwards headers
 # (--http-header-forward-pattern, backend/launcher.py) as request parameters on /infer only, not on
 # /generate: there the id goes into the body's "parameters". llm_unary passes it on to llm
 # (backend/triton_forward.py), whose response sender watches for its cancel mark (backend/triton_adapter.py).
-REQUEST_ID = "specserve_request_id"
-REQUEST_ID_HEADER = "specserve-request-id"
 
 _INT_RANGES = {f"TYPE_INT{b}": (-(1 << (b - 1)), (1 << (b - 1)) - 1) for b in (8, 16, 32, 64)}
 _INT_RANGES.update({f"TYPE_UINT{b}": (0, (1 << b) - 1) for b in (8, 16, 32, 64)})
@@ -165,17 +161,13 @@ def _check_infer(body) -> None:
     """The request id parameter is the edge's own (REQUEST_ID_HEADER): a client's would reach the
     unary model next to it."""
     params = body.get("parameters") if isinstance(body, dict) else None
-    if isinstance(params, dict) and any(k.lower() in (REQUEST_ID, REQUEST_ID_HEADER) for k in params):
+    if isinstance(params, dict) and any(k.lower() in REQUEST_ID_NAMES for k in params):
         raise EdgeError(400, f"parameters.{REQUEST_ID_HEADER} is reserved: the server sets it")
 
 
 def status_for_model_error(status: int, message: str) -> int:
-    """Triton 2.51 answers 400 for every error a decoupled model sends: restore the class."""
-    if status == 400 and message.startswith((OVERLOADED_PREFIX, SHUTDOWN_PREFIX)):
-        return 503
-    if status == 400 and message.startswith(INTERNAL_PREFIX):
-        return 500
-    return status
+    """Triton 2.51 answers 400 for every error a decoupled model sends: restore its kind's status."""
+    return error_kind(message).http_status if status == 400 else status
 
 
 def error_response(status: int, message: str, stream: bool = False) -> web.Response:
@@ -246,8 +238,9 @@ class Edge:
     async def _refuse_while_draining(self, request: web.Request, handler):
         if self.draining is None or not self.draining.is_set() or request.path == "/v2/health/live":
             return await handler(request)
-        return error_response(503, f"{SHUTDOWN_PREFIX}: not accepting new requests; retry on another server "
-                                   "or later", request.path.endswith("/generate_stream"))
+        return error_response(503, ErrorKind.SHUTTING_DOWN.message("not accepting new requests; retry on another "
+                                                                   "server or later"),
+                              request.path.endswith("/generate_stream"))
 
     def _upstream_headers(self, request: web.Request) -> dict:
         headers = {k: v for k, v in request.headers.items()

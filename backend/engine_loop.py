@@ -51,11 +51,12 @@ from .kv_blocks import OutOfBlocks
 from .logits_processors import LogitsProcessor, tokenize_words
 from .memory import KVMemory
 from .ragged import prefill_groups
-from .request import (SHUTDOWN_PREFIX, GenerationRequest, Limits, Overloaded, RequestError, ShuttingDown,
+from .request import (GenerationRequest, Limits, Overloaded, RequestError, ShuttingDown,
                       chat_prefix, prompt_ids, validate)
 from .sampling import (accept_greedy, accept_sampling, accept_sampling_positional, divergences,
                        position_generator, target_probs)
 from .sequence import Sequence
+from .wire import ErrorKind
 
 log = logging.getLogger("specserve.loop")
 
@@ -198,10 +199,12 @@ class EngineLoop:
         """Validate, tokenize and enqueue; raises RequestError for a bad request, Overloaded
         (before any work on the request) when cfg.max_queue requests are already waiting."""
         if self._drain_deadline is not None:
-            raise ShuttingDown(f"{SHUTDOWN_PREFIX}: not accepting new requests; retry on another server or later")
+            raise ShuttingDown(ErrorKind.SHUTTING_DOWN.message("not accepting new requests; retry on another server "
+                                                              "or later"))
         depth, bound = self.queue_depth, self.cfg.max_queue
         if bound and depth >= bound:
-            raise Overloaded(f"server overloaded: {depth} requests are waiting (max_queue {bound}); retry later")
+            raise Overloaded(ErrorKind.OVERLOADED.message(f"{depth} requests are waiting (max_queue {bound}); "
+                                                          "retry later"))
         validate(req, self.cfg.limits)
         ids = self.tokenize(req)
         ctx = self.cfg.limits.max_context
@@ -235,7 +238,7 @@ class EngineLoop:
         if self._thread:
             self._thread.join(timeout)
         if self._thread is None or not self._thread.is_alive():
-            self._fail_all(f"{SHUTDOWN_PREFIX}: the request was stopped before it finished; retry")
+            self._fail_all(ErrorKind.SHUTTING_DOWN.message("the request was stopped before it finished; retry"))
 
     def drain(self, seconds: float) -> None:
         """Shutdown begins: refuse new requests (ShuttingDown) at once, let the running and
@@ -254,7 +257,7 @@ class EngineLoop:
         while not self._stop.is_set():
             if self._drain_deadline is not None and self.clock() >= self._drain_deadline and not self.idle:
                 log.warning("drain time is up: failing %d requests still in flight", len(self.running) + self.queue_depth)
-                self._fail_all(f"{SHUTDOWN_PREFIX}: the request was stopped before it finished; retry")
+                self._fail_all(ErrorKind.SHUTTING_DOWN.message("the request was stopped before it finished; retry"))
             try:
                 if not self.step(block=True):
                     continue
@@ -262,7 +265,7 @@ class EngineLoop:
                 log.exception("engine step failed; failing the running requests")
                 self.spec.abandon()
                 for seq in self.running + list(self.waiting):
-                    self._fail(seq, "internal error in the engine step; see the server log")
+                    self._fail(seq, f"{ErrorKind.INTERNAL.prefix} in the engine step; see the server log")
                 self.running, self.waiting = [], collections.deque()
 
     def _fail(self, seq: Sequence, message: str) -> None:
@@ -380,7 +383,7 @@ class EngineLoop:
         self.stats.prefill_tokens += sum(end - start for _, start, end in pieces)
         self.stats.prefill_time_s += self.clock() - t0
         for seq in failed:  # after every group: vacating moves slots
-            self._fail(seq, "internal error while starting this request; see the server log")
+            self._fail(seq, f"{ErrorKind.INTERNAL.prefix} while starting this request; see the server log")
         self._emit([s for s in done if s not in failed])
 
     def _prefill(self, pieces) -> tuple:
@@ -482,7 +485,7 @@ class EngineLoop:
         self.spec.commit(proposal, verdicts, [s.tokens for s in batch], verify_time_s=t_accept - t_verify,
                          accept_time_s=t_io - t_accept, io_time_s=t_end - t_io, total_time_s=t_end - t_start)
         for seq in failed:  # after the step: vacating moves slots the step still read
-            self._fail(seq, "internal error while verifying this request; see the server log")
+            self._fail(seq, f"{ErrorKind.INTERNAL.prefix} while verifying this request; see the server log")
 
     def _accept(self, proposal: Proposal, batch: List[Sequence], logits: torch.Tensor, feats):
         """Verify each sequence's draft against the target's logits (lossless) and commit

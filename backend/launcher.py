@@ -41,6 +41,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from .wire import ADMIN_HEADER, REQUEST_ID_HEADER
+
 ROOT = Path(__file__).resolve().parents[1]
 TRITON = ROOT / ".cache" / "triton"
 
@@ -53,8 +55,6 @@ class Ports:
     triton_http: int = 0  # Triton's own HTTP behind the edge; 0 = Triton serves `http` itself (no edge)
 
 
-ADMIN_HEADER = "specserve-admin-key"
-REQUEST_ID_HEADER = "specserve-request-id"  # backend/edge.py: the edge's id of an /infer request
 RESTRICTED = "model-repository,shared-memory,logging,trace"  # Triton's API / protocol group names
 # gRPC metadata values are printable ASCII: a key with a control character can never be sent, so
 # Triton's restricted gRPC protocols are closed to everyone (admins use HTTP through the edge).

@@ -29,12 +29,13 @@ from typing import Optional
 import numpy as np
 from aiohttp import web
 
+from .wire import ErrorKind, error_kind
+
 log = logging.getLogger("specserve.openai")
 ROOT = Path(__file__).resolve().parents[1]
 MAX_N = 8
 MAX_TOP_LOGPROBS, MAX_COMPLETION_LOGPROBS = 20, 5  # OpenAI's limits (chat top_logprobs, completions logprobs)
 ENGINE_MODEL = "llm"  # the Triton model every OpenAI request runs on
-OVERLOADED_PREFIX, INTERNAL_PREFIX = "server overloaded", "internal error"
 
 COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n",
           "user", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias"}
@@ -55,9 +56,9 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
 
     def body(self) -> dict:
-        kind = {400: "invalid_request_error", 404: "invalid_request_error", 413: "invalid_request_error",
-                503: "server_overloaded"}.get(self.status, "server_error")
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+        kind = next((k for k in ErrorKind if k.http_status == self.status), ErrorKind.INVALID if self.status < 500
+                    else ErrorKind.INTERNAL)
+        return {"error": {"message": self.message, "type": kind.openai_type, "param": self.param, "code": self.code}}
 
 
 def error_response(e: ApiError) -> web.Response:
@@ -68,11 +69,8 @@ def error_response(e: ApiError) -> web.Response:
 def model_error(message: str) -> ApiError:
     """An error Triton or the model sent, with the HTTP status of its kind."""
     message = message.split("] ", 1)[1] if message.startswith("[request id:") else message
-    if message.startswith(OVERLOADED_PREFIX):
-        return ApiError(503, message, code="server_overloaded")
-    if message.startswith(INTERNAL_PREFIX):
-        return ApiError(500, message)
-    return ApiError(400, message)
+    kind = error_kind(message)
+    return ApiError(kind.http_status, message, code="server_overloaded" if kind.retry else None)
 
 
 # -- request parsing ---------------------------------------------------------------------------------
@@ -373,7 +371,7 @@ class OpenAIApi:
             return error_response(e)
         except Exception:
             log.exception("could not render the chat template")
-            return error_response(ApiError(500, "internal error while rendering the chat template; see the server log"))
+            return error_response(ApiError(500, f"{ErrorKind.INTERNAL.prefix} while rendering the chat template; see the server log"))
         return await self._run(request, p, prompt, chat=True, echo=False)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -458,13 +456,13 @@ class OpenAIApi:
             return error_response(e)
         except Exception:
             log.exception("could not load the tokenizer for logprobs")
-            return error_response(ApiError(500, "internal error while loading the tokenizer; see the server log"))
+            return error_response(ApiError(500, f"{ErrorKind.INTERNAL.prefix} while loading the tokenizer; see the server log"))
         try:
             first = await events.__anext__()
         except ApiError as e:
             return error_response(e)
         except StopAsyncIteration:
-            return error_response(ApiError(500, "internal error: the model sent no response; see the server log"))
+            return error_response(ApiError(500, f"{ErrorKind.INTERNAL.prefix}: the model sent no response; see the server log"))
         except Exception:
             log.exception("OpenAI request failed")
             return error_response(ApiError(503, "the inference server is not reachable; retry later"))
@@ -494,7 +492,7 @@ class OpenAIApi:
             return error_response(e)
         except Exception:
             log.exception("OpenAI request failed")
-            return error_response(ApiError(500, "internal error while running this request; see the server log"))
+            return error_response(ApiError(500, f"{ErrorKind.INTERNAL.prefix} while running this request; see the server log"))
         choices = []
         for i in range(p["n"]):
             text = "".join(texts[i])
@@ -554,7 +552,7 @@ class OpenAIApi:
         except Exception as e:  # after the 200: the error as an event, as OpenAI does
             if not isinstance(e, ApiError):
                 log.exception("OpenAI stream failed")
-                e = ApiError(500, "internal error while running this request; see the server log")
+                e = ApiError(500, f"{ErrorKind.INTERNAL.prefix} while running this request; see the server log")
             await send(e.body())
             await resp.write(b"data: [DONE]\n\n")
             return resp

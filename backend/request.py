@@ -26,9 +26,6 @@ class ShuttingDown(Overloaded):
     """The server is draining for shutdown: it takes no new request (HTTP 503 / UNAVAILABLE)."""
 
 
-SHUTDOWN_PREFIX = "server shutting down"  # backend/edge.py and backend/triton_forward.py map it to 503 / UNAVAILABLE
-
-
 @dataclass(frozen=True)
 class Limits:
     max_tokens: int = 1024  # largest max_tokens a request may ask for

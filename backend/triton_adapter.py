@@ -24,11 +24,12 @@ import triton_python_backend_utils as pb_utils
 
 from .metrics import MetricsPublisher, RequestLog
 from .logits_processors import Penalties
-from .request import SHUTDOWN_PREFIX, GenerationRequest, Overloaded, RequestError, decode_utf8, validate
+from .request import GenerationRequest, Overloaded, RequestError, decode_utf8, validate
 from .sampling import SamplingParams
 from .sequence import Chunk
 from .server_config import ServerConfig
 from .service import build_service
+from .wire import REQUEST_ID, ErrorKind
 
 log = logging.getLogger("specserve")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -47,7 +48,6 @@ _SCALARS = {"max_tokens": int, "temperature": float, "top_k": int, "top_p": floa
             "frequency_penalty": float, "min_length": int, "min_tokens": int, "return_log_probs": bool,
             "return_top_log_probs": int, "return_perf_metrics": bool, "num_return_sequences": int}
 MAX_RETURN_SEQUENCES = 16
-REQUEST_ID = "specserve_request_id"  # backend/edge.py: the HTTP edge's id of the request
 _REQUEST_ID_FORM = re.compile(r"[0-9a-f]{32}")  # uuid4().hex: nothing else names a file
 
 
@@ -383,8 +383,8 @@ class TritonPythonModel:
             sender, mark = request.get_response_sender(), cancel_mark(request)
             sink = TritonSink(sender if mark is None else MarkedSender(sender, mark), self.requests, writer=self.writer)
             if self.drain is not None and self.drain.draining:  # shutdown began: no new work
-                sink.error(f"{SHUTDOWN_PREFIX}: not accepting new requests; retry on another server or later",
-                           UNAVAILABLE)
+                sink.error(ErrorKind.SHUTTING_DOWN.message("not accepting new requests; retry on another server "
+                                                           "or later"), UNAVAILABLE)
                 continue
             try:
                 generations = _convert(request, self.cfg)
@@ -402,7 +402,7 @@ class TritonPythonModel:
                 sink.error(str(e), UNAVAILABLE)
             except Exception:  # never let one bad request take the model down; no internals to the client
                 log.exception("could not accept a request")
-                sink.error("internal error while accepting this request; see the server log", INTERNAL)
+                sink.error(f"{ErrorKind.INTERNAL.prefix} while accepting this request; see the server log", INTERNAL)
         return None
 
     def finalize(self):

@@ -26,12 +26,11 @@ import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from .wire import REQUEST_ID, REQUEST_ID_NAMES, ErrorKind, error_kind
+
 log = logging.getLogger("specserve.unary")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 TEXT = "text_output"
-OVERLOADED_PREFIX, INTERNAL_PREFIX = "server overloaded", "internal error"  # backend/edge.py's
-SHUTDOWN_PREFIX = "server shutting down"  # backend/request.py
-REQUEST_ID, REQUEST_ID_HEADER = "specserve_request_id", "specserve-request-id"  # backend/edge.py's
 
 
 def error_code(code, message: str):
@@ -39,11 +38,10 @@ def error_code(code, message: str):
     after 2.51), else from the message (backend/triton_adapter.py's kinds)."""
     if code != pb_utils.TritonError.INTERNAL:
         return code
-    if message.startswith((OVERLOADED_PREFIX, SHUTDOWN_PREFIX)):
-        return pb_utils.TritonError.UNAVAILABLE
-    if message.startswith(INTERNAL_PREFIX) or "not ready" in message or "unknown model" in message:
-        return pb_utils.TritonError.INTERNAL
-    return pb_utils.TritonError.INVALID_ARG
+    kind = error_kind(message)
+    if kind is ErrorKind.INVALID and ("not ready" in message or "unknown model" in message):  # Triton's own
+        kind = ErrorKind.INTERNAL
+    return getattr(pb_utils.TritonError, kind.triton_code)
 
 
 def _flag(tensor) -> bool:
@@ -112,7 +110,7 @@ def request_id(request):
         params = json.loads(request.parameters() or "{}")
     except (ValueError, AttributeError):
         return None
-    return next((v for k, v in params.items() if k.lower() in (REQUEST_ID, REQUEST_ID_HEADER) and isinstance(v, str)),
+    return next((v for k, v in params.items() if k.lower() in REQUEST_ID_NAMES and isinstance(v, str)),
                 None)
 
 
@@ -147,7 +145,7 @@ class TritonPythonModel:
                 inputs = [pb_utils.Tensor(name, arr) for name, arr in values.items()]
             except Exception:
                 log.exception("could not read a request's inputs")
-                self._error(sender, "internal error while accepting this request; see the server log", "INTERNAL")
+                self._error(sender, f"{ErrorKind.INTERNAL.prefix} while accepting this request; see the server log", "INTERNAL")
                 continue
             threading.Thread(target=self._forward, args=(inputs, prefix, sender, request_id(request)), name="unary",
                              daemon=True).start()
@@ -176,7 +174,7 @@ class TritonPythonModel:
                     self._error(sender, "the request was cancelled", "CANCELLED")
                     return
             if not outputs:
-                self._error(sender, "internal error: the model sent no response; see the server log", "INTERNAL")
+                self._error(sender, f"{ErrorKind.INTERNAL.prefix}: the model sent no response; see the server log", "INTERNAL")
                 return
             joined = join_responses(outputs, prefix)
             sender.send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in joined.items()]),
@@ -184,7 +182,7 @@ class TritonPythonModel:
         except Exception:
             log.exception("forwarding a request to %s failed", self.target)
             try:
-                self._error(sender, "internal error while running this request; see the server log", "INTERNAL")
+                self._error(sender, f"{ErrorKind.INTERNAL.prefix} while running this request; see the server log", "INTERNAL")
             except Exception:
                 log.exception("could not send the error response")
 

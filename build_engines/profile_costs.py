@@ -17,17 +17,16 @@ not use goes to the next), and inside it the points are measured in order of wha
 read most: token batches 1, 2, 8, 32 (batch-1 speculation and the loads' anchors), then 128
 and 4, then 16 and 64. Before each point its time is predicted from the points already
 measured; one that would not fit in what is left of the share is skipped, and a slow point
-gets fewer repeats. Skipped points are interpolated
-linearly in n between measured neighbours (the policies interpolate the same way), so a slow
-engine (the batch-invariant torch engine on an AVX2 CPU: ~0.3 s a token at 1,536 cached
-tokens) gets fewer, wider samples in minutes, not an hour of them. The JSON records which
-points were measured (`measured`, `draft_measured`).
+gets fewer repeats. Skipped points are interpolated linearly in n between measured neighbours
+(the policies interpolate the same way), so a slow engine (the batch-invariant torch engine on
+an AVX2 CPU: ~0.3 s a token at 1,536 cached tokens) gets fewer, wider samples in minutes, not
+an hour of them. The JSON records which points were measured (`measured`, `draft_measured`).
 
 Each engine has its own curve (llama.cpp on a 2-core CPU is close to compute-bound,
 so verifying k tokens costs nearly k steps; torch bf16 with native bf16 makes it
 nearly free), so the profile is per engine: `<model>-<engine name>.json`, e.g.
 smollm2-135m-llama.cpp-Q8_0.json, and the policy configs name it with `{engine}`
-(backend/service.load_policy fills in the served engine). The profile records which
+(backend/served_policy.py fills in the served engine). The profile records which
 drafter it measured; a run whose drafter differs (one was built since) measures the
 drafter's tables again and keeps the target's.
 """
@@ -186,7 +185,6 @@ class TargetTimer:
         return median_time(lambda: self.engine.forward(slots, [ctx] * b, [[7] * t] * b), repeats)
 
 
-
 def time_ngram_draft(repeats: int = 200) -> float:
     from backend.drafters import make_drafter
     d = make_drafter("ngram")
@@ -293,18 +291,18 @@ def draft_tables(drafter_dir: Path, dtype: str, repeats: int, budget_s: float) -
     return {"drafter": drafter_label(path), "draft_s": draft_s, "draft_measured": measured, "switch_cost": switch}
 
 
-def profile(engine, checkpoint: Path, dtype: str, repeats: int, drafter_dir: Path,
+def profile(engine, name: str, checkpoint: Path, dtype: str, repeats: int, drafter_dir: Path,
             budget_s: float = DEFAULT_BUDGET_S, target: Optional[dict] = None) -> dict:
-    """The whole profile; `target` (a previous profile's target part) is kept, not measured."""
+    """The whole profile of the engine called `name`; `target` (a previous profile's target part)
+    is kept, not measured, and then no engine is needed (None)."""
     import torch
 
     t0 = time.monotonic()
-    has_drafter = profiled_drafter(drafter_dir) is not None
     if target is None:
+        has_drafter = profiled_drafter(drafter_dir) is not None
         target = target_profile(engine, repeats, budget_s * (1 - DRAFTER_SHARE if has_drafter else 1.0))
-    name = engine.name
-    if hasattr(engine, "close"):
-        engine.close()
+        if hasattr(engine, "close"):
+            engine.close()
     del engine
     drafts = draft_tables(drafter_dir, dtype, repeats, max(1.0, budget_s - (time.monotonic() - t0)))
     zeros = [0.0] * len(TOKEN_BATCH)
@@ -365,10 +363,9 @@ def main(argv=None) -> int:
             return 0
         if target is not None:
             log(f"{args.out} measured {have.get('drafter')!r}, now {built!r}: measuring the drafter again")
-    max_b = shape_for(TOKEN_BATCH[-1])[0]
-    engine = target_engine(served, max_b, CTX_BUCKETS[-1] + 16)
-    log(f"measuring {engine.name} within {args.budget_s:.0f} s")
-    result = profile(engine, args.checkpoint, args.dtype, args.repeats, args.drafter_dir, args.budget_s, target)
+    engine = None if target is not None else target_engine(served, shape_for(TOKEN_BATCH[-1])[0], CTX_BUCKETS[-1] + 16)
+    log(f"measuring {name} within {args.budget_s:.0f} s")
+    result = profile(engine, name, args.checkpoint, args.dtype, args.repeats, args.drafter_dir, args.budget_s, target)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     switch = args.out.with_name(args.out.stem + ".switch.json")

@@ -74,9 +74,10 @@ def test_interpolation_joins_measured_points_and_extends_the_last_segment():
     assert interpolate_row([1, 2, 4, 8, 16], {1: 1.0, 4: 4.0, 8: 6.0}) == [1.0, 2.0, 4.0, 6.0, 10.0]
 
 
-def test_a_real_llama_cpp_profile_within_a_tight_budget(checkpoint, tmp_path):
+def test_a_real_llama_cpp_profile_within_a_tight_budget(checkpoint, tmp_path, built_drafter):
     """The served engine, measured for real within 5 s: every point the policies read is filled,
-    each context's first point is measured, and the policy loads the file."""
+    each context's first point is measured, and the policy loads the file. A model drafter built
+    later gets its tables measured; the target's are kept."""
     assert profile_costs.main(["--engine", "llama.cpp", "--checkpoint", str(checkpoint), "--out-dir", str(tmp_path),
                                "--drafter-dir", str(tmp_path / "no-drafters"), "--repeats", "2",
                                "--budget-s", "5"]) == 0
@@ -93,6 +94,12 @@ def test_a_real_llama_cpp_profile_within_a_tight_budget(checkpoint, tmp_path):
     profile_costs.main(["--engine", "llama.cpp", "--checkpoint", str(checkpoint), "--out-dir", str(tmp_path),
                         "--drafter-dir", str(tmp_path / "no-drafters")])
     assert path.stat().st_mtime_ns == before
+    chat = built_drafter("chat")
+    profile_costs.main(["--engine", "llama.cpp", "--checkpoint", str(checkpoint), "--out-dir", str(tmp_path),
+                        "--drafter-dir", str(chat.parent), "--repeats", "2", "--budget-s", "3"])
+    again = json.loads(path.read_text())
+    assert again["drafter"].startswith(chat.name + "@") and again["target_s"] == prof["target_s"]
+    assert all(row[0] for row in again["draft_measured"]) and again["switch_cost"]["seconds"][0][0] > 0
 
 
 @pytest.mark.parametrize("module", ["build_engines.profile_costs", "build_engines.on_demand"])

@@ -37,10 +37,11 @@ from policy.speculator import Speculator
 
 from ...detokenizer import IncrementalDetokenizer
 from ...engine_loop import LoopConfig
-from ...request import (SHUTDOWN_PREFIX, GenerationRequest, Limits, Overloaded, RequestError, ShuttingDown,
-                        prompt_ids, validate)
+from ...request import (GenerationRequest, Limits, Overloaded, RequestError, ShuttingDown, prompt_ids,
+                        validate)
 from ...sequence import Sequence
 from ...server_config import ServerConfig
+from ...wire import ErrorKind
 from . import _api, llm_config
 from .drafter import _Tee, adaptive_drafter_class
 from .gpu_drafters import MemorySpeculator, Placement, load_gpu_drafter
@@ -242,7 +243,7 @@ class TrtllmService:
         if self._draining:
             return
         self._draining = True
-        self._stop_message = f"{SHUTDOWN_PREFIX}: the request was stopped before it finished; retry"
+        self._stop_message = ErrorKind.SHUTTING_DOWN.message("the request was stopped before it finished; retry")
         if self._aloop is not None:
             self._aloop.call_soon_threadsafe(self._aloop.call_later, max(0.0, seconds), self._cancel_tasks)
 
@@ -253,10 +254,12 @@ class TrtllmService:
         """Validate, tokenize and start serving; raises RequestError for a bad request, Overloaded
         when max_queue requests already wait, ShuttingDown once draining."""
         if self._draining:
-            raise ShuttingDown(f"{SHUTDOWN_PREFIX}: not accepting new requests; retry on another server or later")
+            raise ShuttingDown(ErrorKind.SHUTTING_DOWN.message("not accepting new requests; retry on another server "
+                                                              "or later"))
         depth, bound = self.queue_depth, self.cfg.max_queue
         if bound and depth >= bound:
-            raise Overloaded(f"server overloaded: {depth} requests are waiting (max_queue {bound}); retry later")
+            raise Overloaded(ErrorKind.OVERLOADED.message(f"{depth} requests are waiting (max_queue {bound}); "
+                                                          "retry later"))
         validate(req, self.limits)
         ids = self.tokenize(req)
         if len(ids) >= self.limits.max_context:
@@ -335,6 +338,7 @@ class TrtllmService:
                 result.abort()
             except Exception:
                 pass
-            seq.sink.error(f"internal error: {e}")
+            # no internals to the client (the log has them), as our loop does
+            seq.sink.error(f"{ErrorKind.INTERNAL.prefix} while running this request; see the server log")
         finally:
             self.drafter.forget(result.request_id)
