@@ -38,6 +38,7 @@ from typing import Optional
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
+from .http_body import EdgeError, parse_json, read_body
 from .wire import ADMIN_HEADER, REQUEST_ID, REQUEST_ID_HEADER, REQUEST_ID_NAMES, ErrorKind, error_kind
 
 log = logging.getLogger("specserve.edge")
@@ -61,41 +62,6 @@ INFER_HEADER = "Inference-Header-Content-Length"
 _INT_RANGES = {f"TYPE_INT{b}": (-(1 << (b - 1)), (1 << (b - 1)) - 1) for b in (8, 16, 32, 64)}
 _INT_RANGES.update({f"TYPE_UINT{b}": (0, (1 << b) - 1) for b in (8, 16, 32, 64)})
 _FLOAT_MAX = {"TYPE_FP16": 65504.0, "TYPE_FP32": 3.4028234663852886e38, "TYPE_FP64": math.inf}
-
-
-class EdgeError(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
-def json_depth(value) -> int:
-    """Nesting depth of a parsed JSON value (a scalar is 0), without recursion."""
-    depth, stack = 0, [(value, 1)]
-    while stack:
-        v, d = stack.pop()
-        if isinstance(v, dict):
-            depth = max(depth, d)
-            stack.extend((x, d + 1) for x in v.values())
-        elif isinstance(v, list):
-            depth = max(depth, d)
-            stack.extend((x, d + 1) for x in v)
-    return depth
-
-
-def parse_json(raw: bytes, max_depth: int):
-    """The body as JSON, or EdgeError(400) saying why not (empty, malformed, too deep)."""
-    if not raw.strip():
-        raise EdgeError(400, "the request body is empty; send a JSON object")
-    try:
-        value = json.loads(raw)
-    except RecursionError:
-        raise EdgeError(400, f"the request JSON nests deeper than {max_depth} levels") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise EdgeError(400, f"the request body is not valid JSON: {e}") from None
-    if json_depth(value) > max_depth:
-        raise EdgeError(400, f"the request JSON nests deeper than {max_depth} levels")
-    return value
 
 
 def _type_name(v) -> str:
@@ -261,20 +227,11 @@ class Edge:
     async def _close(self, app) -> None:
         await self.session.close()
 
-    async def _read_body(self, request: web.Request) -> bytes:
-        limit = self.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            raise EdgeError(413, f"the request body is {request.content_length} bytes; this server accepts "
-                                 f"at most {limit}")
-        chunks, size = [], 0
-        async for chunk in request.content.iter_chunked(1 << 16):
-            size += len(chunk)
-            if size > limit:
-                raise EdgeError(413, f"the request body exceeds {limit} bytes, the most this server accepts")
-            chunks.append(chunk)
-        return b"".join(chunks)
+    async def read_json(self, request: web.Request):
+        """The request's body as JSON within this edge's size and depth limits (EdgeError if not)."""
+        return parse_json(await read_body(request, self.max_body_bytes), self.max_depth)
 
-    async def _model_config(self, model: str) -> dict:
+    async def model_config(self, model: str) -> dict:
         """Triton's config of `model` ({} if unknown or unreachable; cached once fetched)."""
         if model not in self._configs:
             try:
@@ -287,7 +244,7 @@ class Edge:
         return self._configs[model]
 
     async def _model_inputs(self, model: str) -> dict:
-        return {i["name"]: i["data_type"] for i in (await self._model_config(model)).get("input", [])}
+        return {i["name"]: i["data_type"] for i in (await self.model_config(model)).get("input", [])}
 
     async def _route(self, request: web.Request) -> str:
         """The upstream path and query: /infer on a decoupled model (UNARY_ROUTES) goes to its
@@ -350,7 +307,7 @@ class Edge:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         stream = request.path.endswith("/generate_stream")
         try:
-            body = await self._read_body(request)
+            body = await read_body(request, self.max_body_bytes)
             generate = await self._check(request, body)
         except EdgeError as e:
             return error_response(e.status, e.message, stream)

@@ -29,6 +29,7 @@ from typing import Optional
 import numpy as np
 from aiohttp import web
 
+from .http_body import EdgeError
 from .wire import ErrorKind, error_kind
 
 log = logging.getLogger("specserve.openai")
@@ -320,7 +321,7 @@ class OpenAIApi:
         return self.client
 
     async def _config(self) -> dict:
-        config = await self.edge._model_config(ENGINE_MODEL)
+        config = await self.edge.model_config(ENGINE_MODEL)
         if not config:
             raise ApiError(503, "the model is not ready; retry later", code="model_not_ready")
         return config
@@ -343,9 +344,8 @@ class OpenAIApi:
         return self._pieces
 
     async def _read(self, request: web.Request):
-        from .edge import EdgeError, parse_json
         try:
-            return parse_json(await self.edge._read_body(request), self.edge.max_depth)
+            return await self.edge.read_json(request)
         except EdgeError as e:
             raise ApiError(e.status, e.message) from None
 

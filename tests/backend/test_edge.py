@@ -2,7 +2,8 @@
 runs them against the real one."""
 import pytest
 
-from backend.edge import EdgeError, check_generate, json_depth, parse_json, status_for_model_error
+from backend.edge import check_generate, status_for_model_error
+from backend.http_body import EdgeError, json_depth, parse_json
 
 TYPES = {"text_input": "TYPE_STRING", "max_tokens": "TYPE_INT32", "random_seed": "TYPE_UINT64",
          "temperature": "TYPE_FP32", "stream": "TYPE_BOOL", "stop_words": "TYPE_STRING"}
