@@ -509,6 +509,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-json-depth", type=int, default=int(os.environ.get("SPECSERVE_MAX_JSON_DEPTH") or MAX_DEPTH),
                     help="deepest JSON nesting in an HTTP request (400 beyond)")
     args = ap.parse_args(argv)
+    from .server_config import unknown_env
+    for message in unknown_env():  # a misspelt setting would otherwise be silently ignored
+        print(message, flush=True)
     build_what_is_served(args.model_repository)
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port, triton_http=free_port())
     if stop_orphan_servers(ports):

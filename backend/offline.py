@@ -9,6 +9,8 @@ from .drafters import make_drafter
 from .engine_loop import EngineLoop, LoopConfig
 from .request import Limits
 
+TRACE_LEN = 10_000  # step outcomes an offline loop keeps in memory (loop.trace) for its caller to read
+
 
 class ListSink:
     """Collects a sequence's responses in memory."""
@@ -42,7 +44,7 @@ def make_loop(engine, tokenizer, policy: str = "off", max_batch: int | None = No
     return EngineLoop(engine, tokenizer, drafters, make_policy(policy, **policy_params),
                       LoopConfig(max_batch=max_batch or engine.max_slots, limits=limits,
                                  kv_budget_bytes=kv_budget_bytes, prefill_chunk=prefill_chunk,
-                                 reuse_prefix=reuse_prefix))
+                                 reuse_prefix=reuse_prefix, trace_len=TRACE_LEN))
 
 
 def run_all(loop: EngineLoop, requests, max_steps: int = 100_000) -> List[ListSink]:

@@ -6,10 +6,14 @@ change the served model, dtype or policy without editing files.
 """
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Mapping
+from typing import List, Mapping
+
+log = logging.getLogger("specserve")
 
 
 ENGINES = ("llama.cpp", "torch", "trtllm")
@@ -64,6 +68,8 @@ class ServerConfig:
                 values[f.name] = str(raw).lower() in ("1", "true", "yes", "on")
             else:
                 values[f.name] = str(raw)
+        for message in unknown_env(env):
+            log.warning(message)
         unknown = set(params) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown config parameters: {', '.join(sorted(unknown))}")
@@ -82,3 +88,52 @@ class ServerConfig:
     def resolve(self, path: str, root: Path) -> Path:
         p = Path(path)
         return p if p.is_absolute() else root / p
+
+
+# SPECSERVE_* variables read by the code that are not ServerConfig keys (each in the README's tables).
+OTHER_ENV = {
+    "SPECSERVE_ROOT": "project root Triton's model.py imports from (the launcher sets it)",
+    "SPECSERVE_ADMIN_KEY": "the launcher: the key that opens Triton's restricted HTTP APIs",
+    "SPECSERVE_BIND_ADDRESS": "the launcher: the address the edge, gRPC and metrics listen on",
+    "SPECSERVE_MAX_BODY_BYTES": "the launcher: the largest HTTP body",
+    "SPECSERVE_MAX_JSON_DEPTH": "the launcher: the deepest JSON nesting",
+    "SPECSERVE_DRAIN_SECONDS": "the launcher: in-flight requests' time to finish at shutdown",
+    "SPECSERVE_MAX_RESTARTS": "the launcher: Triton restarts within 10 minutes",
+    "SPECSERVE_CANCEL_DIR": "the launcher tells the model where the edge marks cancelled requests",
+    "SPECSERVE_DRAIN_FILE": "the launcher tells the model the file that says it is draining",
+    "SPECSERVE_BUILD_ON_DEMAND": "the launcher: build what the served config names before serving",
+    "SPECSERVE_DRAFTER_PRESET": "builds of model drafters: quick or full",
+    "SPECSERVE_PROFILE_BUDGET_S": "seconds a step-time profile may take",
+    "SPECSERVE_AUTO_PREPARE": "the container entrypoint: prepare the model cache before serving",
+    "SPECSERVE_GGUF_DIR": "the container entrypoint: where the image keeps the GGUF it converts",
+    "SPECSERVE_PREPARE_DRAFTERS": "the container entrypoint: model drafters to build when preparing",
+    "SPECSERVE_TRTLLM_MODEL": "the gpu-marked tests: a local Hugging Face model for TensorRT-LLM",
+    "SPECSERVE_CACHE": "docker compose: the cache volume or directory",
+    "SPECSERVE_MODEL": "docker compose: the model directory under models/",
+    "SPECSERVE_PUBLISH_ADDRESS": "docker compose: the host address the ports are published on",
+}
+# Kubernetes service links (SPECSERVE_SERVICE_HOST, SPECSERVE_PORT_8000_TCP, ...) name a Service, not a setting.
+SERVICE_LINK_PREFIXES = ("SPECSERVE_SERVICE_", "SPECSERVE_PORT")
+
+
+def known_env() -> List[str]:
+    """Every SPECSERVE_* variable the project reads: one per ServerConfig key, and OTHER_ENV."""
+    return sorted({"SPECSERVE_" + f.name.upper() for f in fields(ServerConfig)} | set(OTHER_ENV))
+
+
+def unknown_env(env: Mapping[str, str] = os.environ) -> List[str]:
+    """A warning for each SPECSERVE_* variable nothing reads (a misspelt one would be silently
+    ignored), naming the closest known one.
+
+    >>> unknown_env({"SPECSERVE_MAX_BACH": "8", "SPECSERVE_MAX_BATCH": "8", "HOME": "/root"})
+    ['SPECSERVE_MAX_BACH is not a setting of this server and is ignored; did you mean SPECSERVE_MAX_BATCH?']
+    """
+    known = known_env()
+    out = []
+    for name in sorted(env):
+        if not name.startswith("SPECSERVE_") or name in known or name.startswith(SERVICE_LINK_PREFIXES):
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        out.append(f"{name} is not a setting of this server and is ignored"
+                   + (f"; did you mean {close[0]}?" if close else " (the README lists every SPECSERVE_* variable)"))
+    return out

@@ -13,7 +13,6 @@ from .drafters.artifacts import find_artifact, not_built
 from .engine_loop import EngineLoop, LoopConfig
 from .engines import Engine
 from .engines.torch_llama import TorchLlama
-from .request import Limits
 from .served_policy import load_policy
 from .server_config import ServerConfig
 
@@ -42,14 +41,7 @@ def build_loop(cfg: ServerConfig, root: Path) -> EngineLoop:
     log.info("target engine %s", engine.name)
     drafters = {name: build_drafter(name, cfg, root, engine)
                 for name in filter(None, (n.strip() for n in cfg.drafters.split(",")))}
-    loop_cfg = LoopConfig(max_batch=cfg.max_batch,
-                          limits=Limits(max_tokens=cfg.max_tokens_limit, max_context=cfg.max_context),
-                          tpot_slo_s=cfg.tpot_slo_ms / 1000 if cfg.tpot_slo_ms > 0 else None,
-                          kv_budget_bytes=cfg.kv_budget_mb * 2**20 if cfg.kv_budget_mb > 0 else None,
-                          max_queue=cfg.max_queue or 4 * cfg.max_batch, prefill_chunk=cfg.prefill_chunk,
-                          # Nothing in the server reads an in-memory trace (trace_file writes one out);
-                          # at 64 streams 10,000 steps of it held ~100 MiB more after 10 minutes.
-                          trace_len=0, reuse_prefix=cfg.reuse_prefix)
+    loop_cfg = LoopConfig.from_server(cfg)
     on_outcome = trace_writer(cfg.resolve(cfg.trace_file, root)) if cfg.trace_file else None
     return EngineLoop(engine, tokenizer, drafters, load_policy(cfg, root), loop_cfg, on_outcome=on_outcome)
 

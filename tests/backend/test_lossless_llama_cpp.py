@@ -130,7 +130,8 @@ def test_prefix_reuse_is_lossless(checkpoint, tokenizer):
         want = [s.chunks[-1].text for s in run_all(plain, reqs)]
         assert plain.stats.prefix_tokens_reused == 0
         for batch in (1, 8):
-            loop = make_loop(engine, tokenizer, "static", max_batch=batch, drafter="ngram", gamma=3)
+            loop = make_loop(engine, tokenizer, "static", max_batch=batch, drafter="ngram", gamma=3,
+                             reuse_prefix=True)
             got = [s.chunks[-1].text for s in run_all(loop, [greedy(p, MAX_TOKENS, apply_chat_template=True)
                                                              for p in PROMPTS[:16]])]
             assert loop.prefix_ids and loop.stats.prefix_tokens_reused == 16 * len(loop.prefix_ids)

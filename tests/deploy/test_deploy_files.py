@@ -36,7 +36,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from backend.server_config import ServerConfig
+from backend.server_config import OTHER_ENV, ServerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -49,9 +49,8 @@ TRITON_PORTS = (8000, 8001, 8002)
 # docs/introduction/compatibility.md): trtllm-python-py3 tags that carry TensorRT-LLM 1.2.1.
 TRTLLM_1_2_1_TAGS = ("26.04", "26.05", "26.06", "26.07")
 
-# SPECSERVE_* variables that are not ServerConfig keys: read by docker/entrypoint.py or the launcher.
-NON_CONFIG_VARS = {"SPECSERVE_ROOT", "SPECSERVE_AUTO_PREPARE", "SPECSERVE_BIND_ADDRESS", "SPECSERVE_GGUF_DIR",
-                   "SPECSERVE_PREPARE_DRAFTERS"}
+# SPECSERVE_* variables that are not ServerConfig keys: read by docker/entrypoint.py, the launcher, ...
+NON_CONFIG_VARS = set(OTHER_ENV)
 CONFIG_VARS = {"SPECSERVE_" + f.name.upper() for f in fields(ServerConfig)}
 
 
