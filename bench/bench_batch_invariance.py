@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from backend.engines.torch_llama import TorchLlama, native_bf16  # noqa: E402
+from backend.engines.torch_llama import TorchLlama, native_bf16
 
 CHECKPOINT = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 CONTEXT = 128

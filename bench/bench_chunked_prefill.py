@@ -27,11 +27,10 @@ from transformers import AutoTokenizer
 from prompts import ARTICLE  # bench/ (the script's own folder)
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from backend.engines.llama_cpp import LlamaCpp, served_gguf  # noqa: E402
-from backend.logits_processors import Penalties  # noqa: E402
-from backend.offline import ListSink, make_loop  # noqa: E402
-from backend.request import GenerationRequest  # noqa: E402
+from backend.engines.llama_cpp import LlamaCpp, served_gguf
+from backend.logits_processors import Penalties
+from backend.offline import ListSink, make_loop
+from backend.request import GenerationRequest
 
 CHECKPOINT = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 OUT = ROOT / "bench" / "results" / "chunked_prefill"  # the recorded run: docs/results/
