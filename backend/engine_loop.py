@@ -34,7 +34,6 @@ from __future__ import annotations
 import collections
 import logging
 import queue
-import random
 import threading
 import time
 from dataclasses import dataclass
@@ -51,8 +50,7 @@ from .kv_blocks import OutOfBlocks
 from .logits_processors import LogitsProcessor, tokenize_words
 from .memory import KVMemory
 from .ragged import prefill_groups
-from .request import (GenerationRequest, Limits, Overloaded, RequestError, ShuttingDown,
-                      chat_prefix, prompt_ids, validate)
+from .request import GenerationRequest, Limits, admit, chat_prefix
 from .sampling import (accept_greedy, accept_sampling, accept_sampling_positional, divergences,
                        position_generator, target_probs)
 from .sequence import Sequence
@@ -201,43 +199,24 @@ class EngineLoop:
         self.spec.policy = policy
 
     # -- submission (any thread) ---------------------------------------------------
-    def tokenize(self, req: GenerationRequest) -> List[int]:
-        return prompt_ids(self.tok, req)
-
     @property
     def queue_depth(self) -> int:
         """Requests waiting for a batch slot (submitted, or preempted), not yet running."""
         return len(self.waiting) + self.inbox.qsize()
 
     def submit(self, req: GenerationRequest, sink) -> int:
-        """Validate, tokenize and enqueue; raises RequestError for a bad request, Overloaded
-        (before any work on the request) when cfg.max_queue requests are already waiting."""
-        if self._drain_deadline is not None:
-            raise ShuttingDown(ErrorKind.SHUTTING_DOWN.message("not accepting new requests; retry on another server "
-                                                              "or later"))
-        depth, bound = self.queue_depth, self.cfg.max_queue
-        if bound and depth >= bound:
-            raise Overloaded(ErrorKind.OVERLOADED.message(f"{depth} requests are waiting (max_queue {bound}); "
-                                                          "retry later"))
-        validate(req, self.cfg.limits)
-        ids = self.tokenize(req)
-        ctx = self.cfg.limits.max_context
-        if len(ids) >= ctx:
-            raise RequestError(f"prompt has {len(ids)} tokens; the context window is {ctx} "
-                               f"(prompt + output must fit)")
-        if req.end_id is not None and not 0 <= req.end_id < self.engine.shape.vocab:
-            raise RequestError(f"end_id {req.end_id} is outside the vocabulary [0, {self.engine.shape.vocab})")
-        gen, seed = None, req.seed if req.seed is not None else random.getrandbits(63)
-        if not req.sampling.greedy:
-            gen = torch.Generator().manual_seed(seed)
-        eos_ids = frozenset({req.end_id}) if req.end_id is not None else self.default_eos
+        """Admit (backend/request.admit: ShuttingDown, Overloaded or RequestError if refused) and
+        enqueue."""
+        a = admit(req, self.tok, self.cfg.limits, self.engine.shape.vocab, self.default_eos,
+                  draining=self._drain_deadline is not None, queue_depth=self.queue_depth, max_queue=self.cfg.max_queue)
+        gen = None if req.sampling.greedy else torch.Generator().manual_seed(a.seed)
         processor = None
         if not req.penalties.neutral:  # requests without penalties pay nothing per step
-            processor = LogitsProcessor(req.penalties, tokenize_words(self.tok, req.penalties.bad_words), eos_ids,
+            processor = LogitsProcessor(req.penalties, tokenize_words(self.tok, req.penalties.bad_words), a.eos_ids,
                                         temperature=0.0 if req.sampling.greedy else req.sampling.temperature)
-        seq = Sequence(seq_id=next(self._ids), request=req, sink=sink, prompt_ids=ids, tokens=list(ids),
-                       detok=IncrementalDetokenizer(self.tok, ids), eos_ids=eos_ids,
-                       generator=gen, seed=seed, arrival_s=self.clock(), processor=processor)
+        seq = Sequence(seq_id=next(self._ids), request=req, sink=sink, prompt_ids=a.prompt_ids,
+                       tokens=list(a.prompt_ids), detok=IncrementalDetokenizer(self.tok, a.prompt_ids),
+                       eos_ids=a.eos_ids, generator=gen, seed=a.seed, arrival_s=self.clock(), processor=processor)
         self.inbox.put(seq)
         return seq.seq_id
 

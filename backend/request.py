@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import FrozenSet, List, Optional, Sequence
 
 from .logits_processors import Penalties
 from .sampling import SamplingParams
+from .wire import ErrorKind
 
 
 MIN_TEMPERATURE = 1e-6  # smallest positive temperature: logits / t stays finite in float32
@@ -98,6 +100,38 @@ def prompt_ids(tokenizer, req: GenerationRequest) -> list:
     else:
         ids = tokenizer(req.prompt).input_ids
     return list(ids)
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """What intake decided about an accepted request: its prompt ids, seed and end tokens."""
+    prompt_ids: List[int]
+    seed: int
+    eos_ids: FrozenSet[int]
+
+
+def admit(req: GenerationRequest, tokenizer, limits: Limits, vocab: int, default_eos: FrozenSet[int], *,
+          draining: bool, queue_depth: int, max_queue: int) -> Admitted:
+    """One request intake for every service (our loop, the TensorRT-LLM service): refuse new
+    work while draining (ShuttingDown) or when max_queue requests already wait (Overloaded), both
+    before any work on the request; validate; tokenize; check the prompt fits the context and
+    end_id the vocabulary (RequestError). A request without a seed gets a random one, so any
+    sampled request can be reproduced from its log."""
+    if draining:
+        raise ShuttingDown(ErrorKind.SHUTTING_DOWN.message("not accepting new requests; retry on another server "
+                                                          "or later"))
+    if max_queue and queue_depth >= max_queue:
+        raise Overloaded(ErrorKind.OVERLOADED.message(f"{queue_depth} requests are waiting (max_queue {max_queue}); "
+                                                      "retry later"))
+    validate(req, limits)
+    ids = prompt_ids(tokenizer, req)
+    if len(ids) >= limits.max_context:
+        raise RequestError(f"prompt has {len(ids)} tokens; the context window is {limits.max_context} "
+                           f"(prompt + output must fit)")
+    if req.end_id is not None and not 0 <= req.end_id < vocab:
+        raise RequestError(f"end_id {req.end_id} is outside the vocabulary [0, {vocab})")
+    return Admitted(ids, req.seed if req.seed is not None else random.getrandbits(63),
+                    frozenset({req.end_id}) if req.end_id is not None else default_eos)
 
 
 def chat_prefix(tokenizer) -> list:

@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import pickle
-import random
 import threading
 import time
 from pathlib import Path
@@ -37,8 +36,7 @@ from policy.speculator import Speculator
 
 from ...detokenizer import IncrementalDetokenizer
 from ...engine_loop import LoopConfig
-from ...request import (GenerationRequest, Limits, Overloaded, RequestError, ShuttingDown, prompt_ids,
-                        validate)
+from ...request import GenerationRequest, Limits, admit, prompt_ids
 from ...sequence import Sequence
 from ...server_config import ServerConfig
 from ...wire import ErrorKind
@@ -251,31 +249,18 @@ class TrtllmService:
         return prompt_ids(self.tok, req)
 
     def submit(self, req: GenerationRequest, sink) -> int:
-        """Validate, tokenize and start serving; raises RequestError for a bad request, Overloaded
-        when max_queue requests already wait, ShuttingDown once draining."""
-        if self._draining:
-            raise ShuttingDown(ErrorKind.SHUTTING_DOWN.message("not accepting new requests; retry on another server "
-                                                              "or later"))
-        depth, bound = self.queue_depth, self.cfg.max_queue
-        if bound and depth >= bound:
-            raise Overloaded(ErrorKind.OVERLOADED.message(f"{depth} requests are waiting (max_queue {bound}); "
-                                                          "retry later"))
-        validate(req, self.limits)
-        ids = self.tokenize(req)
-        if len(ids) >= self.limits.max_context:
-            raise RequestError(f"prompt has {len(ids)} tokens; the context window is {self.limits.max_context} "
-                               f"(prompt + output must fit)")
-        if req.end_id is not None and not 0 <= req.end_id < self.vocab:
-            raise RequestError(f"end_id {req.end_id} is outside the vocabulary [0, {self.vocab})")
-        if req.seed is None and not req.sampling.greedy:
-            req.seed = random.getrandbits(63)
-        seq = Sequence(seq_id=next(self._ids), request=req, sink=sink, prompt_ids=ids, tokens=list(ids),
-                       detok=IncrementalDetokenizer(self.tok, ids),
-                       eos_ids=frozenset({req.end_id}) if req.end_id is not None else self.default_eos,
-                       seed=req.seed or 0, arrival_s=time.perf_counter())
+        """Admit (backend/request.admit: ShuttingDown, Overloaded or RequestError if refused) and
+        start serving."""
+        a = admit(req, self.tok, self.limits, self.vocab, self.default_eos, draining=self._draining,
+                  queue_depth=self.queue_depth, max_queue=self.cfg.max_queue)
+        if not req.sampling.greedy:
+            req.seed = a.seed  # TensorRT-LLM samples with the request's seed (sampling_params)
+        seq = Sequence(seq_id=next(self._ids), request=req, sink=sink, prompt_ids=a.prompt_ids,
+                       tokens=list(a.prompt_ids), detok=IncrementalDetokenizer(self.tok, a.prompt_ids),
+                       eos_ids=a.eos_ids, seed=a.seed, arrival_s=time.perf_counter())
         if self._aloop is None:
             raise RuntimeError("TrtllmService.start() was not called")
-        self._counts.admitted(len(ids))
+        self._counts.admitted(len(a.prompt_ids))
         self._aloop.call_soon_threadsafe(self._spawn, seq)
         return seq.seq_id
 
