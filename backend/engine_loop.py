@@ -46,9 +46,8 @@ from policy.speculator import Active, Proposal, Speculator, Verified
 
 from .detokenizer import IncrementalDetokenizer
 from .drafters import Drafter
-from .kv_blocks import OutOfBlocks
 from .logits_processors import LogitsProcessor, tokenize_words
-from .memory import KVMemory
+from .memory import DrafterMemory, KVMemory
 from .ragged import prefill_groups
 from .request import GenerationRequest, Limits, admit, chat_prefix
 from .sampling import (accept_greedy, accept_sampling, accept_sampling_positional, divergences,
@@ -169,6 +168,7 @@ class EngineLoop:
         budget = config.kv_budget_bytes or KVMemory.budget_for(
             config.max_batch * config.limits.max_context, engine.kv_bytes_per_token, self.model_drafters)
         self.memory = KVMemory(budget, engine.kv_bytes_per_token, self.model_drafters)
+        self.drafter_memory = DrafterMemory(self.model_drafters, ledger=self.memory)
         self.pool = self.memory.pool
         self.spec = Speculator(policy, drafters, clock=clock, drafter_blocks=self.memory.drafter_blocks,
                                on_outcome=self._record, lookahead=True)
@@ -573,24 +573,8 @@ class EngineLoop:
         self.waiting.appendleft(seq)
 
     def _apply_memory_actions(self, actions) -> None:
-        for action in actions:
-            d = self.model_drafters.get(action.drafter)
-            if d is None:
-                continue
-            if action.kind == "offload" and d.resident:
-                d.park()
-                self.memory.parked(action.drafter)
-                self.stats.drafter_parks += 1
-                log.info("parked drafter %s; KV pool now %d blocks", action.drafter, self.pool.num_blocks)
-            elif action.kind == "reload" and not d.resident and not d.reloading:
-                try:
-                    self.memory.reserve_for_reload(action.drafter)  # CPU engine: moves are table remaps
-                except OutOfBlocks:
-                    log.debug("reload of %s deferred: too few free KV blocks", action.drafter)
-                    continue
-                d.start_reload()
-                self.stats.drafter_reloads += 1
-                log.info("reloading drafter %s; KV pool now %d blocks", action.drafter, self.pool.num_blocks)
+        self.drafter_memory(actions)
+        self.stats.drafter_parks, self.stats.drafter_reloads = self.drafter_memory.parks, self.drafter_memory.reloads
 
     def _emit(self, seqs: List[Sequence]) -> None:
         """Send what each sequence produced; retire finished ones."""

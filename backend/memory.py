@@ -15,9 +15,12 @@ remaps only; a paged GPU engine would copy the moved blocks (the moves are retur
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+import logging
+from typing import Dict, List, Optional, Tuple
 
 from .kv_blocks import BlockPool, OutOfBlocks
+
+log = logging.getLogger("specserve.memory")
 
 BLOCK_TOKENS = 16
 
@@ -68,4 +71,42 @@ class KVMemory:
         return moves
 
 
-__all__ = ["KVMemory", "OutOfBlocks", "BLOCK_TOKENS"]
+class DrafterMemory:
+    """Applies the policy's memory actions (MemoryAction) to the model drafters: parks a resident
+    one, starts reloading a parked one; counts both. With a `ledger` (our loop's KVMemory) a park
+    gives the drafter's bytes to the KV pool and a reload takes them back first, deferred while too
+    few blocks are free; without one (TensorRT-LLM, whose KV pool is sized at start) it only moves
+    the weights."""
+
+    def __init__(self, drafters: Dict[str, object], ledger: Optional[KVMemory] = None):
+        self.model_drafters = {n: d for n, d in drafters.items() if getattr(d, "is_model", False)}
+        self.ledger = ledger
+        self.parks = self.reloads = 0
+
+    def __call__(self, actions) -> None:
+        for action in actions:
+            d = self.model_drafters.get(action.drafter)
+            if d is None:
+                continue
+            if action.kind == "offload" and d.resident:
+                d.park()
+                if self.ledger is not None:
+                    self.ledger.parked(action.drafter)
+                self.parks += 1
+                log.info("parked drafter %s%s", action.drafter, self._pool())
+            elif action.kind == "reload" and not d.resident and not d.reloading:
+                if self.ledger is not None:
+                    try:
+                        self.ledger.reserve_for_reload(action.drafter)  # CPU engine: moves are table remaps
+                    except OutOfBlocks:
+                        log.debug("reload of %s deferred: too few free KV blocks", action.drafter)
+                        continue
+                d.start_reload()
+                self.reloads += 1
+                log.info("reloading drafter %s%s", action.drafter, self._pool())
+
+    def _pool(self) -> str:
+        return f"; KV pool now {self.ledger.pool.num_blocks} blocks" if self.ledger is not None else ""
+
+
+__all__ = ["DrafterMemory", "KVMemory", "OutOfBlocks", "BLOCK_TOKENS"]

@@ -36,6 +36,7 @@ from ...drafters.artifacts import find_artifact, not_built
 from ...drafters.feature import is_feature_drafter
 from ...drafters.model import ModelDrafter
 from ...engines.torch_llama import TorchLlama
+from ...memory import DrafterMemory
 from ...server_config import ServerConfig
 
 log = logging.getLogger("specserve.trtllm")
@@ -101,29 +102,6 @@ def load_gpu_drafter(name: str, cfg: ServerConfig, root: Path, placement: Placem
                         max_context=cfg.max_context)
     log.info("model drafter %s on %s (%.1f MB of weights)", name, placement.device, d.weight_bytes / 2**20)
     return d
-
-
-class DrafterMemory:
-    """Applies the policy's memory actions to the model drafters (what EngineLoop's
-    _apply_memory_actions does on the CPU, without a KV ledger to resize: see the module doc)."""
-
-    def __init__(self, drafters: Dict[str, object]):
-        self.model_drafters = {n: d for n, d in drafters.items() if getattr(d, "is_model", False)}
-        self.parks = self.reloads = 0
-
-    def __call__(self, actions) -> None:
-        for action in actions:
-            d = self.model_drafters.get(action.drafter)
-            if d is None:
-                continue
-            if action.kind == "offload" and d.resident:
-                d.park()
-                self.parks += 1
-                log.info("parked drafter %s: its weights are in host memory", action.drafter)
-            elif action.kind == "reload" and not d.resident and not d.reloading:
-                d.start_reload()
-                self.reloads += 1
-                log.info("reloading drafter %s onto the GPU", action.drafter)
 
 
 class MemorySpeculator(Speculator):
