@@ -6,6 +6,9 @@
 #      drafters and the load tools on demand).
 # Prints one line per phase with its wall time; logs stay in the clone's directory.
 #   bash bench/time_fresh_clone.sh [DIR]     (DIR: where to clone; default a new temporary one)
+# An AVX2-only CPU, approximated on an AVX-512 one (torch's and oneDNN's kernels limited to AVX2,
+# llama.cpp built without -march=native, so with AVX2 but no AVX-512):
+#   ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 CMAKE_ARGS=-DGGML_NATIVE=OFF bash bench/time_fresh_clone.sh
 set -euo pipefail
 SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DIR="${1:-$(mktemp -d /tmp/specserve-fresh.XXXXXX)}"
@@ -15,7 +18,8 @@ say() { echo "[fresh-clone] $*"; }
 git clone -q "$SRC" "$DIR/repo"
 cd "$DIR/repo"
 say "clone of $(git rev-parse --short HEAD) in $DIR/repo; CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)," \
-    "$(nproc) cores, $(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || echo 'AVX2 only')"
+    "$(nproc) cores, $(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || echo 'AVX2 only')" \
+    "${ONEDNN_MAX_CPU_ISA:+(limited: ONEDNN_MAX_CPU_ISA=$ONEDNN_MAX_CPU_ISA ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-} CMAKE_ARGS=${CMAKE_ARGS:-})}"
 
 first_token() {  # $1: log file. Serve, wait for a generated token, stop; prints the seconds it took.
   local t0 pid
