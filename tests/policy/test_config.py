@@ -59,11 +59,16 @@ def test_make_policy_validates_keywords_too():
 def test_every_example_config_loads_and_covers_every_policy():
     import glob
     import os
+    from pathlib import Path
+
+    from backend.served_policy import engine_name
+    from backend.server_config import ServerConfig
+    served = engine_name(ServerConfig(), Path(CONFIG_DIR).parents[1]).replace("/", "-")
     names = set()
     for path in sorted(glob.glob(os.path.join(CONFIG_DIR, "*.yaml"))):
         name, params = load_policy_config(path)
-        # profile paths name the served engine; the set-up measures the torch engine's too
-        params = {k: v.replace("{engine}", "torch-bf16") if k.endswith("_path") and isinstance(v, str) else v
+        # profile paths name the served engine: the set-up measures the default one's
+        params = {k: v.replace("{engine}", served) if k.endswith("_path") and isinstance(v, str) else v
                   for k, v in params.items()}
         make_policy(name, rng=random.Random(0), **params)
         names.add(name)
