@@ -10,7 +10,7 @@
 # llama.cpp built without -march=native, so with AVX2 but no AVX-512):
 #   ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 CMAKE_ARGS=-DGGML_NATIVE=OFF bash bench/time_fresh_clone.sh
 set -euo pipefail
-SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SRC="${SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"  # the checkout to clone
 DIR="${1:-$(mktemp -d /tmp/specserve-fresh.XXXXXX)}"
 PORT="${HTTP_PORT:-18000}"
 say() { echo "[fresh-clone] $*"; }
