@@ -158,11 +158,12 @@ def ensure_served(cfg, root: Path) -> None:
 
 def served_config(model_repository: Path = ROOT / "model_repository", env=None):
     """The ServerConfig the `llm` model will load: its config.pbtxt parameters, SPECSERVE_* over them."""
-    import re
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
 
     from backend.server_config import ServerConfig
-    text = (model_repository / "llm" / "config.pbtxt").read_text()
-    params = dict(re.findall(r'parameters:\s*\{\s*key:\s*"([^"]+)"\s*value:\s*\{\s*string_value:\s*"([^"]*)"', text))
+    config = text_format.Parse((model_repository / "llm" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    params = {k: v.string_value for k, v in config.parameters.items()}  # Triton's own reading of the file
     params.pop("project_root", None)
     return ServerConfig.load(params, os.environ if env is None else env)
 
