@@ -172,7 +172,7 @@ class MetricsPublisher:
         self.loop, self.period_s = loop, period_s
         self.requests = requests or RequestLog()
         self.steps = StepStats(loop)
-        chain(loop, self.steps.observe)
+        loop.add_outcome_listener(self.steps.observe)
         base = {"model": model, "version": str(version)}
 
         def family(name, description, kind="GAUGE", buckets=None):
@@ -288,18 +288,6 @@ class MetricsPublisher:
         self._stop.set()
         if self.thread.is_alive():
             self.thread.join(2)
-
-
-def chain(loop, hook) -> None:
-    """Call `hook(outcome)` after the loop's own on_outcome (the trace writer, if any)."""
-    previous = loop.on_outcome
-
-    def both(outcome) -> None:
-        if previous is not None:
-            previous(outcome)
-        hook(outcome)
-
-    loop.on_outcome = both
 
 
 def rss_bytes() -> int:

@@ -40,7 +40,7 @@ def main(argv=None) -> None:
         cfg = ServerConfig(policy="composite", policy_config="configs/policies/composite.yaml", drafters=drafters,
                            max_batch=1, max_context=2048)
         loop = build_loop(cfg, ROOT)
-        loop.on_outcome = record
+        loop.add_outcome_listener(record)
         tokens, seconds = 0, 0.0
         for prompt in requests:
             req = GenerationRequest(prompt=prompt, max_tokens=64, apply_chat_template=True, exclude_input_in_output=True)

@@ -12,7 +12,7 @@ target drives it the same way, once per step:
     outcome  = spec.commit(proposal, verdicts)   drafters learn the committed tokens,
                                                  policy.observe(StepOutcome)
 
-Drivers: the engine loop (backend/engine_loop.py, torch engine), the simulator
+Drivers: the engine loop (backend/loop/engine_loop.py, torch engine), the simulator
 (policy/simulator.py, a simulated target), an engine that owns its loop
 (`policy.external.IterationDrafter`), and exact replay of a recorded trace
 (`policy.replay`). The policy hears of sequences joining before the step that

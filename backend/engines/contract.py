@@ -2,7 +2,7 @@
 
 An engine holds one model and a KV cache divided into `max_slots` *slots*; a slot
 holds one sequence's cached positions 0..n-1 (n is the slot's *cached length*). The
-loop (backend/engine_loop.py) owns the bookkeeping: which sequence sits in which
+loop (backend/loop/engine_loop.py) owns the bookkeeping: which sequence sits in which
 slot and how long each one is; the engine only stores and computes. Every engine
 behind the loop implements `Engine` below and passes the one contract test suite,
 tests/backend/test_engine_contract.py (add the engine's factory to its list).

@@ -4,7 +4,7 @@ import time
 import pytest
 
 from backend.drafters import Drafter
-from backend.engine_loop import prefill_groups
+from backend.loop.engine_loop import prefill_groups
 from backend.engines.torch_llama import TorchLlama
 from backend.request import GenerationRequest, RequestError
 from backend.sampling import SamplingParams
@@ -97,7 +97,7 @@ def test_a_request_that_fails_in_prefill_or_a_step_fails_alone(checkpoint, token
     """One sequence's exception in the step (here: its sampling raises) fails that request
     only; the others in the same steps finish exactly as they would alone, and everything
     the failed one held is released."""
-    import backend.engine_loop as engine_loop
+    import backend.loop.engine_loop as engine_loop
 
     engine = TorchLlama(checkpoint, dtype="fp32", max_slots=4, max_context=128)  # fp32: batch-invariant here
     prompts = [f"Count from {i} to {i + 8}:" for i in range(3)]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ...engine_loop import LoopStats
+from ...loop.stats import LoopStats
 
 
 class KvPool(NamedTuple):
@@ -38,15 +38,7 @@ class ServiceStats:
         self.stats = LoopStats()
 
     def outcome(self, o) -> None:
-        st = self.stats
-        st.steps += 1
-        st.sequence_steps += o.batch_size
-        st.emitted += sum(s.emitted for s in o.sequences)
-        st.drafted += o.drafted
-        st.accepted += o.accepted
-        st.draft_time_s += o.draft_time_s
-        st.verify_time_s += o.verify_time_s
-        st.step_time_s += o.total_time_s
+        self.stats.count_step(o)
 
     def admitted(self, prompt_tokens: int) -> None:
         self.stats.prefills += 1

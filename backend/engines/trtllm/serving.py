@@ -35,7 +35,7 @@ from policy.external import IterationDrafter
 from policy.speculator import Speculator
 
 from ...detokenizer import IncrementalDetokenizer
-from ...engine_loop import LoopConfig
+from ...loop.engine_loop import LoopConfig
 from ...request import GenerationRequest, Limits, admit, prompt_ids
 from ...sequence import Sequence
 from ...server_config import ServerConfig
@@ -151,7 +151,7 @@ class TrtllmService:
         self.vocab = len(tokenizer)
         # the EngineLoop surface backend/metrics.py and backend/triton_adapter.py read (observe.py)
         self.cfg = LoopConfig(max_batch=max_batch, limits=limits, max_queue=max_queue)
-        self.on_outcome = None  # the metrics publisher chains itself here
+        self._listeners: list = []  # add_outcome_listener: the metrics publisher
         self._counts = ServiceStats()
         self.spec = drafter.iteration_drafter.spec
         self.spec.on_outcome = _Tee(self.spec.on_outcome, self._outcome)
@@ -179,8 +179,11 @@ class TrtllmService:
     # -- what the metrics publisher reads (backend/metrics.py; observe.py) ------------------------
     def _outcome(self, outcome) -> None:  # TensorRT-LLM's executor thread, once per iteration
         self._counts.outcome(outcome)
-        if self.on_outcome is not None:
-            self.on_outcome(outcome)
+        for listener in self._listeners:
+            listener(outcome)
+
+    def add_outcome_listener(self, listener) -> None:
+        self._listeners.append(listener)
 
     @property
     def stats(self):

@@ -44,17 +44,18 @@ import torch
 from policy import Policy, StepOutcome
 from policy.speculator import Active, Proposal, Speculator, Verified
 
-from .detokenizer import IncrementalDetokenizer
-from .drafters import Drafter
-from .logits_processors import LogitsProcessor, tokenize_words
-from .memory import DrafterMemory, KVMemory
-from .ragged import prefill_groups
-from .request import GenerationRequest, Limits, admit, chat_prefix
-from .sampling import (accept_greedy, accept_sampling, accept_sampling_positional, divergences,
+from ..detokenizer import IncrementalDetokenizer
+from ..drafters import Drafter
+from ..logits_processors import LogitsProcessor, tokenize_words
+from ..memory import DrafterMemory, KVMemory
+from ..ragged import prefill_groups
+from ..request import GenerationRequest, Limits, admit, chat_prefix
+from ..sampling import (accept_greedy, accept_sampling, accept_sampling_positional, divergences,
                        position_generator, target_probs)
-from .sequence import Sequence
-from .server_config import ServerConfig
-from .wire import ErrorKind
+from ..sequence import Sequence
+from ..server_config import ServerConfig
+from ..wire import ErrorKind
+from .stats import LoopStats
 
 log = logging.getLogger("specserve.loop")
 
@@ -90,31 +91,6 @@ class LoopConfig:
                    kv_budget_bytes=cfg.kv_budget_mb * 2**20 if cfg.kv_budget_mb > 0 else None,
                    max_queue=cfg.max_queue or 4 * cfg.max_batch, prefill_chunk=cfg.prefill_chunk, trace_len=0,
                    reuse_prefix=cfg.reuse_prefix)
-
-
-@dataclass
-class LoopStats:
-    steps: int = 0
-    sequence_steps: int = 0  # sum of batch sizes over steps (mean batch = this / steps)
-    prefills: int = 0
-    prefill_tokens: int = 0  # tokens computed by prefills (recomputation after preemption included)
-    prefill_time_s: float = 0.0
-    prefix_tokens_reused: int = 0  # prompt tokens copied from the engine's prefix stream, not prefilled
-    step_time_s: float = 0.0
-    draft_time_s: float = 0.0
-    verify_time_s: float = 0.0
-    accept_time_s: float = 0.0
-    io_time_s: float = 0.0
-    emitted: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    drafter_errors: int = 0
-    finished: int = 0
-    cancelled: int = 0
-    preemptions: int = 0
-    memory_gamma_cuts: int = 0  # steps whose drafts were dropped for lack of KV blocks
-    drafter_parks: int = 0
-    drafter_reloads: int = 0
 
 
 LOG_PROB_FLOOR = -103.28  # log(1e-45): a token of probability 0 (outside top-k / top-p) stays finite
@@ -158,7 +134,8 @@ class EngineLoop:
         if config.prefill_chunk < 0:
             raise ValueError(f"prefill_chunk must be >= 0 (0 = whole prompts), got {config.prefill_chunk}")
         self.engine, self.tok, self.drafters = engine, tokenizer, drafters
-        self.cfg, self.clock, self.on_outcome = config, clock, on_outcome
+        self.cfg, self.clock = config, clock
+        self._listeners: List[Callable[[StepOutcome], None]] = [on_outcome] if on_outcome else []
         self.model_drafters = {n: d for n, d in drafters.items() if d.is_model}
         # Drafters that read the target's features (hidden states) get them after every forward.
         self.feature_drafters = [d for d in drafters.values() if d.wants_features]
@@ -197,6 +174,19 @@ class EngineLoop:
     @policy.setter
     def policy(self, policy: Policy) -> None:
         self.spec.policy = policy
+
+    # -- the service contract (backend/services/contract.py) ------------------------------
+    @property
+    def limits(self) -> Limits:
+        return self.cfg.limits
+
+    @property
+    def max_batch(self) -> int:
+        return self.cfg.max_batch
+
+    def add_outcome_listener(self, listener: Callable[[StepOutcome], None]) -> None:
+        """Call `listener(outcome)` after every closed step (on the loop thread), after those added before."""
+        self._listeners.append(listener)
 
     # -- submission (any thread) ---------------------------------------------------
     @property
@@ -528,22 +518,12 @@ class EngineLoop:
         return Verified(accepted=verdict.accepted, emitted=len(verdict.tokens), p_draft=verdict.p_draft, kl=kl, tv=tv)
 
     def _record(self, outcome: StepOutcome) -> None:
-        """Every closed step: trace, statistics, the caller's hook."""
+        """Every closed step: trace, statistics, the listeners (trace writer, metrics)."""
         self.trace.append(outcome)
-        st = self.stats
-        st.steps += 1
-        st.sequence_steps += outcome.batch_size
-        st.step_time_s += outcome.total_time_s
-        st.draft_time_s += outcome.draft_time_s
-        st.verify_time_s += outcome.verify_time_s
-        st.accept_time_s += outcome.accept_time_s
-        st.io_time_s += outcome.io_time_s
-        st.emitted += outcome.emitted
-        st.drafted += outcome.drafted
-        st.accepted += outcome.accepted
-        st.drafter_errors = self.spec.drafter_errors
-        if self.on_outcome is not None:
-            self.on_outcome(outcome)
+        self.stats.count_step(outcome)
+        self.stats.drafter_errors = self.spec.drafter_errors
+        for listener in self._listeners:
+            listener(outcome)
 
     def _fit_in_memory(self, gammas: Dict[int, int]) -> Dict[int, int]:
         """Make this step's tokens fit in the KV pool: drop drafts, then preempt the youngest
