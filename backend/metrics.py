@@ -1,9 +1,9 @@
-"""Prometheus metrics of the engine loop, published on Triton's metrics port.
+"""Prometheus metrics of the service (backend/services/contract.py), published on Triton's metrics port.
 
 Three groups, every series labelled `model` and `version` (Triton's model name and version):
 
 * the families a TensorRT-LLM deployment publishes (`nv_trt_llm_*`, `nv_llm_*_token_len`),
-  with NVIDIA's names and label keys, each value computed from our loop — so dashboards and
+  with NVIDIA's names and label keys, each value computed from the service — so dashboards and
   alerts written for TensorRT-LLM work unchanged (docs/metrics.md says what each means here);
 * our own `specserve_*` counters and gauges: steps, tokens, acceptance, γ, the policy's
   decisions by arm, drafter residency, KV blocks, phases;
@@ -13,7 +13,7 @@ Three groups, every series labelled `model` and `version` (Triton's model name a
 
 Importable without Triton: the publisher is handed `triton_python_backend_utils` (or a fake
 in tests). Values are published from a side thread twice a second, not per step: each
-update is an IPC round trip to the server that the step's hot path should not pay. The engine
+update is an IPC round trip to the server that the step's hot path should not pay. The service's
 thread only does a few dict increments per step (`StepStats.observe`).
 """
 from __future__ import annotations
@@ -24,7 +24,10 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from .services import Service
 
 log = logging.getLogger("specserve")
 
@@ -67,13 +70,13 @@ class Iteration:
 
 
 class StepStats:
-    """Aggregates each StepOutcome on the engine thread; the publisher reads copies.
+    """Aggregates each StepOutcome on the service's thread; the publisher reads copies.
 
     `window` recent steps feed the acceptance-rate and mean-γ gauges (what the policy is
     doing now); the counters are cumulative, for Prometheus' rate()."""
 
-    def __init__(self, loop, window: int = 256):
-        self.loop = loop
+    def __init__(self, service: Service, window: int = 256):
+        self.service = service
         self._lock = threading.Lock()
         self.decisions = collections.Counter()  # (drafter, gamma) the policy planned, per sequence-step
         self.played = collections.Counter()  # gamma verified, per sequence-step
@@ -82,8 +85,8 @@ class StepStats:
         self._seen = (0, 0, 0)  # LoopStats (prefills, prefill_tokens, preemptions) at the last outcome
 
     def observe(self, outcome) -> None:
-        st = self.loop.stats
-        now = (st.prefills, getattr(st, "prefill_tokens", 0), st.preemptions)
+        st = self.service.stats
+        now = (st.prefills, st.prefill_tokens, st.preemptions)
         planned = [s.planned for s in outcome.sequences]
         with self._lock:
             for arm in planned:
@@ -165,14 +168,14 @@ class Family:
 
 
 class MetricsPublisher:
-    """Publishes the loop's state into Triton's Prometheus metrics (port --metrics-port)."""
+    """Publishes the service's state into Triton's Prometheus metrics (port --metrics-port)."""
 
-    def __init__(self, loop, pb, model: str, version: str, requests: Optional[RequestLog] = None,
+    def __init__(self, service: Service, pb, model: str, version: str, requests: Optional[RequestLog] = None,
                  period_s: float = 0.5, start: bool = True):
-        self.loop, self.period_s = loop, period_s
+        self.service, self.period_s = service, period_s
         self.requests = requests or RequestLog()
-        self.steps = StepStats(loop)
-        loop.add_outcome_listener(self.steps.observe)
+        self.steps = StepStats(service)
+        service.add_outcome_listener(self.steps.observe)
         base = {"model": model, "version": str(version)}
 
         def family(name, description, kind="GAUGE", buckets=None):
@@ -223,23 +226,23 @@ class MetricsPublisher:
             self.thread.start()
 
     def publish(self) -> None:
-        loop, st = self.loop, self.loop.stats
+        service, st = self.service, self.service.stats
         for field, fam in self.counters.items():
-            fam.count_to(getattr(st, field, 0))
+            fam.count_to(getattr(st, field))  # COUNTERS names LoopStats fields
         for ph in PHASES:
             self.phases.count_to(getattr(st, f"{ph}_time_s"), phase=ph)
-        running, waiting = len(loop.running), loop.queue_depth
+        running, waiting = len(service.running), service.queue_depth
         for state, value in zip(SEQUENCE_STATES, (running, waiting)):
             self.sequences.set(value, state=state)
-        pool = loop.pool
+        pool = service.pool
         total, free = pool.num_blocks, pool.num_free
         self.kv_blocks.set(free, state="free")
         self.kv_blocks.set(total, state="total")
 
         decisions, played, acceptance, planned_mean, played_mean, it = self.steps.snapshot()
-        # Per-iteration figures describe the iteration in progress: none while the loop is idle.
+        # Per-iteration figures describe the iteration in progress: none while the service is idle.
         busy = it if running else Iteration(timestamp_us=it.timestamp_us)
-        for label, value in (("active", running), ("max", loop.cfg.max_batch), ("waiting", waiting),
+        for label, value in (("active", running), ("max", service.max_batch), ("waiting", waiting),
                              ("scheduled", busy.generation_requests), ("context", busy.context_requests)):
             self.trt_request.set(value, request_type=label)
         for label, value in (("cpu", rss_bytes()), ("gpu", 0), ("pinned", 0)):
@@ -261,8 +264,8 @@ class MetricsPublisher:
             self.decisions.count_to(n, drafter=drafter, gamma=gamma)
         for gamma, n in played.items():
             self.gamma_played.count_to(n, gamma=gamma)
-        for name, d in loop.drafters.items():
-            state = "reloading" if getattr(d, "reloading", False) else "resident" if d.resident else "parked"
+        for name, d in service.drafters.items():
+            state = "reloading" if d.reloading else "resident" if d.resident else "parked"
             for s in ("resident", "parked", "reloading"):
                 self.drafter_state.set(int(s == state), drafter=name, state=s)
         with self.requests._lock:

@@ -97,7 +97,7 @@ class Sequence:
 
     def append(self, new_tokens: List[int], max_context: int, log_probs: Optional[tuple] = None) -> None:
         """Commit emitted tokens, stopping at EOS, max_tokens, context or a stop word (log_probs:
-        engine_loop.log_probs_of's (each token's log prob, its top alternatives or None), kept
+        verifier.log_probs_of's (each token's log prob, its top alternatives or None), kept
         for the tokens committed)."""
         before = len(self.tokens)
         self._append(new_tokens, max_context)

@@ -5,7 +5,8 @@ tensor names of NVIDIA's TensorRT-LLM backend ensemble (text_input, max_tokens,
 stream, temperature, top_k, top_p, random_seed, stop_words, end_id, ...,
 output text_output), so existing TensorRT-LLM clients, perf_analyzer and
 genai-perf work unchanged. The model is decoupled: execute() validates and hands
-requests to the engine loop, which streams responses from its own thread.
+requests to the service (backend/services/contract.py: our engine loop, or TensorRT-LLM),
+which streams responses from its own thread.
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ from .request import GenerationRequest, Overloaded, RequestError, decode_utf8, v
 from .sampling import SamplingParams
 from .sequence import Chunk
 from .server_config import ServerConfig
-from .service import build_service
+from .services import Service
+from .services.build import build_service
 from .wire import REQUEST_ID, ErrorKind
 
 log = logging.getLogger("specserve")
@@ -319,11 +321,11 @@ class DrainWatcher:
     """Shutdown begins when the launcher (backend/launcher.py) writes the file named by
     SPECSERVE_DRAIN_FILE, holding the seconds in-flight requests may still run. From then on
     the model refuses new requests on every protocol (UNAVAILABLE, "server shutting down"),
-    and the loop lets those in flight finish for that long, then fails the rest; once nothing
+    and the service lets those in flight finish for that long, then fails the rest; once nothing
     is in flight it writes `<file>.done`, so the launcher stops Triton without waiting longer."""
 
-    def __init__(self, path: str, loop, period_s: float = 0.05, writer: Optional[ResponseWriter] = None):
-        self.path, self.loop, self.period_s, self.writer = Path(path), loop, period_s, writer
+    def __init__(self, path: str, service: Service, period_s: float = 0.05, writer: Optional[ResponseWriter] = None):
+        self.path, self.service, self.period_s, self.writer = Path(path), service, period_s, writer
         self.draining = False
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="drain-watch", daemon=True)
@@ -343,9 +345,8 @@ class DrainWatcher:
                         seconds = 0.0
                     self.draining = True
                     log.warning("shutdown: refusing new requests; in-flight ones have %.1f s to finish", seconds)
-                    if hasattr(self.loop, "drain"):
-                        self.loop.drain(seconds)
-                elif getattr(self.loop, "idle", True) and (self.writer is None or self.writer.queue.empty()):
+                    self.service.drain(seconds)
+                elif self.service.idle and (self.writer is None or self.writer.queue.empty()):
                     self.path.with_name(self.path.name + ".done").write_text("drained\n")
                     log.warning("shutdown: nothing in flight")
                     return
@@ -367,16 +368,13 @@ class TritonPythonModel:
         self.root = Path(params.pop("project_root", "") or Path(__file__).resolve().parents[1])
         self.cfg = ServerConfig.load(params)
         log.info("config: %s", self.cfg)
-        self.loop = build_service(self.cfg, self.root)
+        self.service: Service = build_service(self.cfg, self.root)
         self.writer = ResponseWriter() if self.cfg.async_send else None
-        self.metrics, self.requests = None, None
-        # Our loop (llama.cpp, torch) and the TensorRT-LLM service (backend/engines/trtllm/observe.py)
-        # expose what the publisher reads.
         self.requests = RequestLog()
-        self.metrics = MetricsPublisher(self.loop, pb_utils, args["model_name"], args["model_version"], self.requests)
-        self.loop.start()  # after the publisher hooked the loop's step outcomes
+        self.metrics = MetricsPublisher(self.service, pb_utils, args["model_name"], args["model_version"], self.requests)
+        self.service.start()  # after the publisher hooked the service's step outcomes
         drain_file = os.environ.get("SPECSERVE_DRAIN_FILE")
-        self.drain = DrainWatcher(drain_file, self.loop, writer=self.writer) if drain_file else None
+        self.drain = DrainWatcher(drain_file, self.service, writer=self.writer) if drain_file else None
 
     def execute(self, requests):
         for request in requests:
@@ -389,13 +387,11 @@ class TritonPythonModel:
             try:
                 generations = _convert(request, self.cfg)
                 if len(generations) > 1:  # a batch, or num_return_sequences: one response sender for all
-                    limits = getattr(getattr(self.loop, "cfg", None), "limits", None)
                     for gen, _, _ in generations:  # refuse the request before any generation starts
-                        if limits is not None:
-                            validate(gen, limits)
+                        validate(gen, self.service.limits)
                     sink.sender = ResponseGroup(sink.sender, len(generations))
                 for gen, b, s in generations:
-                    self.loop.submit(gen, TritonSink(sink.sender, self.requests, b, s, self.writer))
+                    self.service.submit(gen, TritonSink(sink.sender, self.requests, b, s, self.writer))
             except RequestError as e:  # the client's mistake: HTTP 400
                 sink.error(str(e), INVALID_ARG)
             except Overloaded as e:  # HTTP 503: retry later
@@ -408,8 +404,7 @@ class TritonPythonModel:
     def finalize(self):
         if self.drain is not None:
             self.drain.stop()
-        if self.metrics is not None:
-            self.metrics.stop()
-        self.loop.stop()
-        if self.writer is not None:  # the final responses loop.stop() gave the requests left
+        self.metrics.stop()
+        self.service.stop()
+        if self.writer is not None:  # the final responses service.stop() gave the requests left
             self.writer.close()

@@ -70,7 +70,7 @@ def part_a(max_tokens: int, repeats: int, engine_kind: str = "llama.cpp") -> lis
         import torch
 
         from backend.engines.llama_cpp import LlamaCpp, served_gguf
-        torch.set_num_threads(1)  # as the server runs torch beside llama.cpp (backend/service.py)
+        torch.set_num_threads(1)  # as the server runs torch beside llama.cpp (backend/services/build.py)
         engine = LlamaCpp(served_gguf(CHECKPOINT), max_slots=1, max_context=2048)
         arms = [("off", {}), ("static", {"gamma": 1}), ("static", {"gamma": 2}), ("static", {"gamma": 4}),
                 ("composite", {})]

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/composite_drafter_usage.py ["ngram,suffix;ngram,suffix,code,chat"] [12]
 
-In-process (the server's own loop, `backend/service.build_loop`, composite.yaml), batch 1:
+In-process (the server's own loop, `backend/services/build.build_loop`, composite.yaml), batch 1:
 the first N distinct held-out requests of bench/bench_speculation.py (copy-heavy,
 free-form and code requests alternated), 64 new tokens each, one after the other, for
 each ';'-separated drafter set. Prints tok/s and, per (drafter, gamma) played, the steps,
@@ -20,7 +20,7 @@ from prompts import distinct_requests  # bench/ (the script's own folder)
 from backend.offline import run_all
 from backend.request import GenerationRequest
 from backend.server_config import ServerConfig
-from backend.service import build_loop
+from backend.services.build import build_loop
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ directory directly (docs/trtllm.md, "Offline preparation"). What is prepared:
    the calibration text is local (`--calib-file`, else a built-in set): nothing is downloaded;
 2. the LLM-API settings the server reads, `<served>/trtllm/llm_api.yaml` (KV-cache fraction,
    block reuse, max batch, max sequence length, tensor parallelism, iteration statistics on;
-   backend/engines/trtllm/llm_config.py);
+   backend/services/trtllm/llm_config.py);
 3. the drafters: model-free ones need nothing; model drafters are found in --drafter-dir (or
    distilled there with --build-drafters) and checked against the target's vocabulary;
 4. `<served>/trtllm/manifest.json`: the TensorRT-LLM version it is written for and the one
@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from backend.engines.trtllm import _api, llm_config
+from backend.services.trtllm import _api, llm_config
 from backend.server_config import ServerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,7 +159,7 @@ def prepare(args) -> Path:
     config_file = served / llm_config.FILE
     llm_config.write(config_file, settings, header=(
         "LLM-API settings of the TensorRT-LLM path (build_engines/prepare_trtllm.py; read by\n"
-        "backend/engines/trtllm/serving.build_llm). Keys are tensorrt_llm.LLM(...) arguments, as in\n"
+        "backend/services/trtllm/serving.build_llm). Keys are tensorrt_llm.LLM(...) arguments, as in\n"
         "trtllm-serve's --extra_llm_api_options. Not yet run on a GPU."))
     drafters = drafter_entries([n.strip() for n in args.drafters.split(",") if n.strip()], target,
                                args.drafter_dir.resolve(), ckpt, args.build_drafters)

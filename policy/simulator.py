@@ -13,9 +13,11 @@ applied (reloads complete after `reload_steps`). Metrics per run:
   gamma with the best per-sequence drafter (myopic oracle, switch costs included);
 * best-arm ratio: fraction of steps with G_played >= (1 - tol) G*;
 * throughput: sampled tokens / sampled seconds (and the oracle's G* mean).
-Replays (`replay`) feed a recorded StepOutcome trace to a policy (off-policy):
-agreement with the recorded arms and the recorded mean goodput of the arms the
-policy would have chosen, per batch size.
+Replays (`replay`) drive a policy through the same component over a recorded
+StepOutcome trace (counterfactual: the policy's own arms, on the recorded drafts and
+verdicts): agreement with the recorded plans and the recorded mean goodput of the
+arms the policy would have chosen, per batch size. (`policy.replay` checks instead
+that the recording policy reproduces every decision.)
 Deterministic by seed: numpy Generator for the environment, random.Random for the policy.
 """
 from __future__ import annotations
@@ -33,10 +35,10 @@ import numpy as np
 from . import costmodel
 from .base import Policy
 from .environments import ENVIRONMENTS, Environment
-from .replay import read_trace
+from .replay import RecordedDrafter, _active, read_trace
 from .rewards import tokens_per_second
 from .speculator import Active, Draft, Speculator, Verified
-from .types import DrafterInfo, SequenceView, StepContext, StepOutcome
+from .types import Arm, SequenceOutcome, StepOutcome
 
 BEST_ARM_TOL = 0.02
 ORACLE_GAMMA_MAX = 8
@@ -315,46 +317,76 @@ def simulate(policy: Policy, env: Environment, steps: Optional[int] = None, seed
 class ReplayResult:
     policy: str
     steps: int
-    agreement: float  # fraction of steps where the policy's batch arm equals the recorded one
+    agreement: float  # fraction of steps where the policy's batch arm equals the recorded plan's
     recorded_goodput: float  # mean tokens/s of the trace
-    policy_goodput: float  # mean recorded tokens/s of the arms the policy chose (where seen)
-    covered: float  # fraction of steps whose chosen arm appears in the trace at that batch size
+    policy_goodput: float  # mean recorded tokens/s of the steps that planned the arm the policy chose (where seen)
+    covered: float  # fraction of steps whose chosen arm was planned in the trace at that batch size
 
 
-def _signature(arms: Iterable) -> tuple:
+def _signature(arms: Iterable[Arm]) -> tuple:
     """Batch arm summary: (most common drafter, max gamma), (None, 0) when off."""
-    arms = [(d, g) for d, g in arms if d is not None and g > 0]
+    arms = [a for a in arms if a.speculates]
     if not arms:
         return (None, 0)
-    names = [d for d, _ in arms]
-    return (max(set(names), key=names.count), max(g for _, g in arms))
+    names = [a.drafter for a in arms]
+    return (max(set(names), key=names.count), max(a.gamma for a in arms))
+
+
+def _counterfactual(rec: SequenceOutcome, draft: Draft) -> Verified:
+    """The recorded verdict on a prefix of the recorded draft (`RecordedDrafter` plays
+    nothing else): the target accepts the same tokens up to the prefix's end."""
+    k = len(draft)
+    accepted = min(rec.accepted, k)
+    return Verified(accepted, min(accepted + 1, rec.emitted), rec.p_draft[:k], rec.kl[:k], rec.tv[:k])
 
 
 def replay(policy: Policy, trace: List[StepOutcome], policy_name: str = "") -> ReplayResult:
+    """Counterfactual replay: drive `policy` through the speculation component over the
+    recorded steps (their contexts, joins and leaves, drafter residency), playing back the
+    recorded drafts (`policy.replay.RecordedDrafter`). Each sequence gets the arm the
+    policy chooses, bounded by what was recorded: its drafter's recorded draft, at most the
+    gamma the step asked and the tokens it verified (the recorded verdict on that prefix);
+    any other drafter drafts nothing. The policy observes that outcome, timed as recorded.
+    Memory actions are not applied: residency follows the trace. The policy's plan is
+    compared with the recorded plan per step (`_signature`)."""
     table: Dict[tuple, List[float]] = {}
     for o in trace:
-        table.setdefault((o.batch_size, _signature((s.drafter, s.gamma) for s in o.sequences)), []).append(
+        table.setdefault((o.batch_size, _signature(s.planned for s in o.sequences)), []).append(
             tokens_per_second(o))
     mean = {k: sum(v) / len(v) for k, v in table.items()}
-    names = sorted({s.drafter for o in trace for s in o.sequences if s.drafter})
-    models = {s.drafter for o in trace for s in o.sequences if s.drafter and s.kl}
-    drafters = [DrafterInfo(n, n in models, True) for n in names]
-    last: Dict[int, Optional[str]] = {}
+    names = {d.name: d.is_model for o in trace if o.context for d in o.context.drafters}
+    drafters = {n: RecordedDrafter(n, m) for n, m in names.items()}
+    spec = Speculator(policy, drafters, clock=lambda: 0.0)
     agree = covered = 0
     chosen: List[float] = []
     for o in trace:
-        ctx = StepContext(o.step, [SequenceView(s.seq_id, 0, 0, 0, 0.0, last.get(s.seq_id)) for s in o.sequences],
-                          drafters, queue_len=o.queue_len, kv_free_blocks=o.kv_free_blocks)
-        dec = policy.decide(ctx)
-        sig = _signature((dec.arm_for(s.seq_id).drafter, dec.arm_for(s.seq_id).gamma) for s in o.sequences)
-        rec = _signature((s.drafter, s.gamma) for s in o.sequences)
-        agree += sig == rec
+        if o.context is None:
+            raise ValueError(f"step {o.step} has no recorded context: the trace predates replay through the "
+                             "speculation component")
+        rec = {s.seq_id: s for s in o.sequences}
+        for info in o.context.drafters:
+            drafters[info.name].resident = info.resident
+        for d in drafters.values():
+            d.recorded = rec
+        for seq_id in o.joined:
+            spec.join(seq_id)
+        # the recorded batch, each gamma capped by what the step asked of its drafter
+        asked = {s.seq_id: s.requested if s.requested is not None else s.planned.gamma for s in o.sequences}
+        proposal = spec.propose(o.context, [_active(v) for v in o.context.sequences],
+                                fit=lambda g: {i: min(k, asked[i]) for i, k in g.items() if i in asked})
+        for a, d in zip(proposal.batch, proposal.drafts):
+            d.keep(min(len(d), rec[a.seq_id].gamma))  # no verdict was recorded past the verified tokens
+        sig = _signature(proposal.decision.arm_for(s.seq_id) for s in o.sequences)
+        agree += sig == _signature(s.planned for s in o.sequences)
         if (o.batch_size, sig) in mean:
             covered += 1
             chosen.append(mean[(o.batch_size, sig)])
-        policy.observe(o)
-        for s in o.sequences:
-            last[s.seq_id] = s.drafter
+        for seq_id in o.left:
+            spec.leave(seq_id)
+        spec.commit(proposal, [_counterfactual(rec[a.seq_id], d) for a, d in zip(proposal.batch, proposal.drafts)],
+                    [()] * len(proposal.batch), verify_time_s=o.verify_time_s, accept_time_s=o.accept_time_s,
+                    io_time_s=o.io_time_s, total_time_s=o.total_time_s, draft_time_s=o.draft_time_s,
+                    shadows=[rec[a.seq_id].shadow for a in proposal.batch])
     n = max(len(trace), 1)
     rec_g = sum(tokens_per_second(o) for o in trace) / n
     return ReplayResult(policy_name or policy.name, len(trace), agree / n, rec_g,
@@ -417,6 +449,10 @@ def main(argv=None) -> int:
                 raise PolicyConfigError(f"unknown policy {n!r}; known: {', '.join(sorted(POLICIES))}")
         if a.trace:
             trace = read_trace(a.trace)
+            missing = next((o.step for o in trace if o.context is None), None)
+            if missing is not None:
+                print(f"error: {a.trace}: step {missing} has no recorded context (an older trace)", file=sys.stderr)
+                return 2
             print(f"{'policy':<28}{'agree':>7}{'covered':>9}{'recorded tok/s':>16}{'policy tok/s':>14}")
             for n in names:
                 r = replay(build(n, None, a.seed, a.config), trace, n or "")

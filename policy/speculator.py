@@ -12,10 +12,10 @@ target drives it the same way, once per step:
     outcome  = spec.commit(proposal, verdicts)   drafters learn the committed tokens,
                                                  policy.observe(StepOutcome)
 
-Drivers: the engine loop (backend/loop/engine_loop.py, torch engine), the simulator
-(policy/simulator.py, a simulated target), an engine that owns its loop
-(`policy.external.IterationDrafter`), and exact replay of a recorded trace
-(`policy.replay`). The policy hears of sequences joining before the step that
+Drivers: the engine loop (backend/loop/engine_loop.py, llama.cpp and torch engines), the
+simulator (policy/simulator.py, a simulated target; its `replay`, another policy's choices
+played on a recorded trace's verdicts), an engine that owns its loop
+(`policy.external.IterationDrafter`), and exact replay of a recorded trace (`policy.replay`). The policy hears of sequences joining before the step that
 first shows them and of sequences leaving after the step that last saw them,
 so a trace of `StepOutcome`s replays a policy's decisions exactly.
 

@@ -11,7 +11,7 @@ def greedy(prompt, max_tokens=32, **kw):
 
 def served_policy(name: str, **config):
     """Policy `name` built from its example config (configs/policies) the way the server builds
-    it (backend/service.load_policy: profile paths filled in for the engine the config names)."""
+    it (backend/served_policy.load_policy: profile paths filled in for the engine the config names)."""
     from backend.server_config import ServerConfig
     from backend.served_policy import load_policy
     root = Path(__file__).resolve().parents[1]

@@ -23,6 +23,7 @@ class Drafter(abc.ABC):
     name: str = ""
     is_model: bool = False
     resident: bool = True  # usable now; model drafters are not while parked or reloading
+    reloading: bool = False  # a parked model drafter's weights are coming back (drafters/model.py)
     wants_features: bool = False  # reads the target's features: the loop calls observe_features (drafters/feature.py)
 
     @abc.abstractmethod

@@ -1,32 +1,25 @@
-"""The continuously batched draft-verify loop (one per model instance).
+"""The continuously batched draft-verify loop (one per model instance): its thread and its step.
 
-Requests are submitted from any thread; a background thread owns the engine,
-admits waiting requests into free batch slots between steps, and runs steps.
-The speculation itself (policy, drafters, the step protocol) is one component,
-`policy.speculator.Speculator`; this loop adds batching, memory and the target:
+Requests are submitted from any thread; a background thread owns the engine and runs
+iterations. Each iteration (`step`, below) is:
 
-    proposal = spec.propose(ctx, running)       decide, draft (per drafter group)
-    logits   = engine.forward(all sequences)    ONE target forward for the batch
-    verdicts = accept(...)                      lossless: greedy / rejection sampling
-    spec.commit(proposal, verdicts)             drafters learn the tokens, policy.observe
+    admit            the scheduler gives waiting requests free slots and KV blocks
+    prefill          a chunk of the prompts still prefilling (the scheduler picks it)
+    propose          spec.propose(ctx, running): the policy decides, drafters draft; the
+                     scheduler fits the step in memory (drops drafts, preempts the youngest)
+    forward          ONE target forward for the batch: each pending token and its drafts
+    verify           verifier.verify per sequence: lossless greedy / rejection sampling
+    commit           the cache keeps the accepted tokens, spec.commit: drafters and policy learn
+    emit             responses leave; finished sequences give back slot and blocks
 
-Sequences occupy engine slots 0..B-1 contiguously (a leaving sequence's slot is
-refilled by moving the last one), so the engine reads K/V as views, not gathers.
+The speculation itself (policy, drafters, the step protocol) is `policy.speculator.Speculator`;
+who runs and with what memory is `scheduler.Scheduler` (torch-free); what the target made of
+a draft is `verifier` (pure). This module holds what ties them to the engine and the clients:
+the thread, submission, drain and cancellation, prefix reuse, feature sharing, emission.
 
-Chunked prefill: an admitted sequence prefills at most `prefill_chunk` prompt tokens per
-iteration (oldest first, several short prompts sharing one chunk), each chunk ending at a
-multiple of `prefill_chunk` or at the prompt's end (so its boundaries never depend on
-other traffic), and a decode step of the sequences already running follows every chunk:
-a long prompt delays the others' next token by one chunk's time, not its whole prefill.
-A sequence joins the speculator (policy, drafters) when its prefill completes.
-
-Memory (backend/memory.py): the target's KV blocks and the resident model drafters
-share one byte budget. A sequence holds blocks for its cached tokens, plus room for
-the pending token and its drafts during a step. When a step does not fit, drafts
-are dropped first (γ = 0 for everyone), then the youngest sequences are preempted:
-they leave the batch with their tokens and go back to the head of the queue, to
-be recomputed (one prefill) when room returns. The policy's memory actions park a
-model drafter (its bytes join the pool) or reload it in the background (bytes
+A sequence joins the speculator when its prefill completes. Memory (backend/memory.py): the
+target's KV blocks and the resident model drafters share one byte budget; the policy's memory
+actions park a model drafter (its bytes join the pool) or reload it in the background (bytes
 taken back first; drafted with again only once the reload signals completion).
 """
 from __future__ import annotations
@@ -50,15 +43,14 @@ from ..logits_processors import LogitsProcessor, tokenize_words
 from ..memory import DrafterMemory, KVMemory
 from ..ragged import prefill_groups
 from ..request import GenerationRequest, Limits, admit, chat_prefix
-from ..sampling import (accept_greedy, accept_sampling, accept_sampling_positional, divergences,
-                       position_generator, target_probs)
 from ..sequence import Sequence
 from ..server_config import ServerConfig
 from ..wire import ErrorKind
+from . import verifier
+from .scheduler import Piece, Scheduler
 from .stats import LoopStats
 
 log = logging.getLogger("specserve.loop")
-
 
 
 @dataclass(frozen=True)
@@ -93,36 +85,6 @@ class LoopConfig:
                    reuse_prefix=cfg.reuse_prefix)
 
 
-LOG_PROB_FLOOR = -103.28  # log(1e-45): a token of probability 0 (outside top-k / top-p) stays finite
-
-
-def log_probs_of(seq: Sequence, logits: torch.Tensor, p: Optional[torch.Tensor], tokens) -> Optional[tuple]:
-    """return_log_probs: log of each emitted token's probability under the distribution its row
-    samples from (row j emits tokens[j]; accepted, recovered or bonus alike): p when sampling,
-    softmax of the processed logits when greedy. -> (log probs, top) with top = (ids [n][k],
-    log probs [n][k]), the return_top_log_probs most likely tokens of the same distributions
-    (None when k = 0); None when the request did not ask (it pays nothing)."""
-    req = seq.request
-    if not req.return_log_probs:
-        return None
-    n, k = len(tokens), req.return_top_log_probs
-    rows = torch.arange(n)
-    ids = torch.tensor(tokens, dtype=torch.long)
-    if p is not None:
-        chosen = p[rows, ids].clamp_min(1e-45).log().tolist()
-        if not k:
-            return chosen, None
-        values, top = p[:n].topk(k, dim=-1)
-        values = values.clamp_min(1e-45).log()
-    else:
-        logp = torch.log_softmax(logits[:n].float(), dim=-1)
-        chosen = logp[rows, ids].tolist()
-        if not k:
-            return chosen, None
-        values, top = logp.topk(k, dim=-1)
-    return chosen, (top.tolist(), values.clamp_min(LOG_PROB_FLOOR).tolist())
-
-
 class EngineLoop:
     def __init__(self, engine, tokenizer, drafters: Dict[str, Drafter], policy: Policy,
                  config: LoopConfig = LoopConfig(), clock: Callable[[], float] = time.perf_counter,
@@ -131,8 +93,6 @@ class EngineLoop:
             raise ValueError(f"max_batch {config.max_batch} exceeds the engine's {engine.max_slots} slots")
         if config.limits.max_context > engine.max_context:
             raise ValueError("limits.max_context exceeds the engine's context window")
-        if config.prefill_chunk < 0:
-            raise ValueError(f"prefill_chunk must be >= 0 (0 = whole prompts), got {config.prefill_chunk}")
         self.engine, self.tok, self.drafters = engine, tokenizer, drafters
         self.cfg, self.clock = config, clock
         self._listeners: List[Callable[[StepOutcome], None]] = [on_outcome] if on_outcome else []
@@ -146,14 +106,12 @@ class EngineLoop:
             config.max_batch * config.limits.max_context, engine.kv_bytes_per_token, self.model_drafters)
         self.memory = KVMemory(budget, engine.kv_bytes_per_token, self.model_drafters)
         self.drafter_memory = DrafterMemory(self.model_drafters, ledger=self.memory)
-        self.pool = self.memory.pool
+        self.stats = LoopStats()
+        self.scheduler = Scheduler(config.max_batch, config.prefill_chunk, self.memory.pool, engine, self.stats)
         self.spec = Speculator(policy, drafters, clock=clock, drafter_blocks=self.memory.drafter_blocks,
                                on_outcome=self._record, lookahead=True)
         self.inbox: "queue.Queue[Sequence]" = queue.Queue()
-        self.waiting: "collections.deque[Sequence]" = collections.deque()
-        self.running: List[Sequence] = []  # running[i].slot == i
         self.trace: "collections.deque[StepOutcome]" = collections.deque(maxlen=config.trace_len)
-        self.stats = LoopStats()
         self._ids = iter(range(1, 1 << 62))
         self._last_cancel_check = float("-inf")
         self._stop = threading.Event()
@@ -174,6 +132,20 @@ class EngineLoop:
     @policy.setter
     def policy(self, policy: Policy) -> None:
         self.spec.policy = policy
+
+    @property
+    def running(self) -> List[Sequence]:
+        """Sequences holding a batch slot (running[i].slot == i)."""
+        return self.scheduler.running
+
+    @property
+    def waiting(self) -> "collections.deque[Sequence]":
+        """Admitted by the loop thread, waiting for a slot (preempted ones at the head)."""
+        return self.scheduler.waiting
+
+    @property
+    def pool(self):
+        return self.scheduler.pool
 
     # -- the service contract (backend/services/contract.py) ------------------------------
     @property
@@ -229,12 +201,9 @@ class EngineLoop:
         if self._drain_deadline is None:
             self._drain_deadline = self.clock() + max(0.0, seconds)
 
-    def _fail_all(self, message: str) -> None:
-        """Fail every running, waiting and submitted request (on the loop thread, or once it is gone)."""
-        self._drain_inbox(False)
-        waiting, self.waiting = list(self.waiting), collections.deque()
-        for seq in list(self.running) + waiting:
-            self._fail(seq, message)
+    @property
+    def idle(self) -> bool:
+        return not self.running and not self.waiting and self.inbox.empty()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -247,9 +216,17 @@ class EngineLoop:
             except Exception:  # keep serving: fail the batch's requests, never hang them
                 log.exception("engine step failed; failing the running requests")
                 self.spec.abandon()
-                for seq in self.running + list(self.waiting):
-                    self._fail(seq, f"{ErrorKind.INTERNAL.prefix} in the engine step; see the server log")
-                self.running, self.waiting = [], collections.deque()
+                self._fail_all(f"{ErrorKind.INTERNAL.prefix} in the engine step; see the server log", inbox=False)
+
+    def _fail_all(self, message: str, inbox: bool = True) -> None:
+        """Fail every running and waiting request, and (inbox) every one submitted since (on the
+        loop thread, or once it is gone)."""
+        if inbox:
+            self._drain_inbox(False)
+        for seq in list(self.running) + list(self.waiting):
+            self._fail(seq, message)
+        self.running.clear()
+        self.waiting.clear()
 
     def _fail(self, seq: Sequence, message: str) -> None:
         try:
@@ -258,17 +235,14 @@ class EngineLoop:
             log.exception("could not send error for sequence %d", seq.seq_id)
         self._release(seq)
 
-    @property
-    def idle(self) -> bool:
-        return not self.running and not self.waiting and self.inbox.empty()
-
     # -- one iteration -------------------------------------------------------------------
     def step(self, block: bool = False) -> bool:
         """Admit new requests, prefill (a chunk), then run one speculative step of the
         sequences past their prefill. Returns False if idle."""
         self._drain_inbox(block and not self.running and not self.waiting)
         self._drop_cancelled()
-        self._admit()
+        for seq, why in self.scheduler.admit():
+            self._fail(seq, why)
         if not self.running:
             return False
         self._prefill_step()
@@ -300,61 +274,10 @@ class EngineLoop:
             self._release(seq)
             self._send(seq, final=True)
 
-    def _admit(self) -> None:
-        """Give waiting requests free batch slots and the KV blocks of their whole prompt."""
-        admitted = 0
-        while self.waiting and len(self.running) < self.cfg.max_batch:
-            seq = self.waiting[0]
-            n = seq.prefill_len
-            # Keep a block of growth per running sequence so admission does not force preemption.
-            if not self.pool.can_allocate(n + self.pool.block_size * (len(self.running) + 1)):
-                if not self.running and not admitted and not self.pool.can_allocate(n + 1):
-                    self.waiting.popleft()
-                    self._fail(seq, f"the request needs {n + 1} tokens of KV cache; the memory budget holds "
-                                    f"{self.pool.num_blocks * self.pool.block_size}")
-                    continue
-                break
-            self.waiting.popleft()
-            self.pool.allocate(seq.seq_id, n)
-            seq.scheduled_ns = seq.scheduled_ns or time.time_ns()
-            seq.slot = len(self.running)
-            self.running.append(seq)
-            admitted += 1
-
-    def _prefill_chunks(self) -> List[tuple]:
-        """This iteration's prefill work, oldest sequences first: [(seq, start, end)], at most
-        cfg.prefill_chunk tokens in all (at least one piece), each piece ending at a multiple
-        of the chunk size or at the prompt's end."""
-        chunk = self.cfg.prefill_chunk
-        todo = sorted((s for s in self.running if s.prefilling), key=lambda s: (s.arrival_s, s.seq_id))
-        for seq in todo:
-            if seq.kv_len == 0 and self._starts_with_prefix(seq):
-                try:
-                    seq.kv_len = self.engine.load_prefix(seq.slot)
-                except Exception:  # the prompt is prefilled whole instead; so are later ones
-                    log.exception("copying the shared prompt prefix failed; prefix reuse is off from now")
-                    self.prefix_ids = []
-                    continue
-                self.stats.prefix_tokens_reused += seq.kv_len
-        if not chunk:
-            return [(s, s.kv_len, s.prefill_len) for s in todo]
-        pieces, budget = [], chunk
-        for seq in todo:
-            end = min(seq.prefill_len, (seq.kv_len // chunk + 1) * chunk)
-            if pieces and end - seq.kv_len > budget:
-                break
-            pieces.append((seq, seq.kv_len, end))
-            budget -= end - seq.kv_len
-            if budget <= 0:
-                break
-        return pieces
-
-    def _starts_with_prefix(self, seq: Sequence) -> bool:
-        p = self.prefix_ids
-        return bool(p) and seq.prefill_len > len(p) and seq.tokens[: len(p)] == p
-
+    # -- prefill ---------------------------------------------------------------------------
     def _prefill_step(self) -> None:
-        pieces = self._prefill_chunks()
+        self._load_prefixes()
+        pieces = self.scheduler.prefill_pieces()
         if not pieces:
             return
         t0, failed, done = self.clock(), [], []
@@ -369,7 +292,22 @@ class EngineLoop:
             self._fail(seq, f"{ErrorKind.INTERNAL.prefix} while starting this request; see the server log")
         self._emit([s for s in done if s not in failed])
 
-    def _prefill(self, pieces) -> tuple:
+    def _load_prefixes(self) -> None:
+        """Prompts starting with the chat template's shared tokens copy their cells from the
+        engine's prefix stream instead of prefilling them."""
+        p = self.prefix_ids
+        for seq in self.scheduler.prefilling():
+            if not p or seq.kv_len or seq.prefill_len <= len(p) or seq.tokens[: len(p)] != p:
+                continue
+            try:
+                seq.kv_len = self.engine.load_prefix(seq.slot)
+            except Exception:  # the prompt is prefilled whole instead; so are later ones
+                log.exception("copying the shared prompt prefix failed; prefix reuse is off from now")
+                self.prefix_ids = p = []
+                continue
+            self.stats.prefix_tokens_reused += seq.kv_len
+
+    def _prefill(self, pieces: List[Piece]) -> tuple:
         """One ragged forward for these pieces (seq, start, end) of prompts; logits only where a
         prompt ends. A completed prefill samples the first token; a preempted sequence recomputes
         its cache (all tokens but the pending one) and samples nothing.
@@ -398,7 +336,7 @@ class EngineLoop:
             if resumed:
                 continue
             try:
-                first, lps = self._sample_one(seq, logits[i: i + 1])
+                first, lps = verifier.sample_first(seq, logits[i: i + 1])
             except Exception:
                 log.exception("sampling the first token of sequence %d failed; failing it alone", seq.seq_id)
                 failed.append(seq)
@@ -419,17 +357,7 @@ class EngineLoop:
         for d in self.feature_drafters:
             d.observe_features(seq.seq_id, start, feats[row: row + n])
 
-    def _sample_one(self, seq: Sequence, logits: torch.Tensor):
-        """The first token from the prefill's last row -> (token, log_probs_of's for it)."""
-        if seq.processor is not None:
-            logits = seq.processor(logits, seq.tokens, (), seq.generated)
-        if seq.request.sampling.greedy:
-            token = int(logits[0].argmax())
-            return token, log_probs_of(seq, logits, None, [token])
-        p = target_probs(logits, seq.request.sampling)
-        token = int(torch.multinomial(p[0], 1, generator=position_generator(seq.seed, len(seq.tokens))))
-        return token, log_probs_of(seq, logits, p, [token])
-
+    # -- the speculative step ----------------------------------------------------------------
     def _active(self, seq: Sequence) -> Active:
         """A running sequence as the speculator sees it."""
         sampling, limits = seq.request.sampling, self.cfg.limits
@@ -443,7 +371,7 @@ class EngineLoop:
         t_start = self.clock()
         by_id = {s.seq_id: s for s in self.running}
         active = [self._active(s) for s in self.running if not s.prefilling]
-        ctx = self.spec.context(self.stats.steps, active, queue_len=len(self.waiting) + self.inbox.qsize(),
+        ctx = self.spec.context(self.stats.steps, active, queue_len=self.queue_depth,
                                 kv_free_blocks=self.pool.num_free, kv_total_blocks=self.pool.num_blocks,
                                 tpot_slo_s=self.cfg.tpot_slo_s)
         proposal = self.spec.propose(ctx, active, apply_memory=self._apply_memory_actions,
@@ -457,11 +385,11 @@ class EngineLoop:
         # The pending token (last emitted, not yet cached) followed by the drafts.
         inputs = [[seq.tokens[seq.kv_len]] + d for seq, d in zip(batch, proposal.inputs())]
         for seq, inp in zip(batch, inputs):
-            self.pool.append(seq.seq_id, len(inp))  # fits: _fit_in_memory reserved it
+            self.pool.append(seq.seq_id, len(inp))  # fits: the scheduler reserved it
         logits, feats = self._forward([s.slot for s in batch], [s.kv_len for s in batch], inputs)
 
         t_accept = self.clock()
-        verdicts, failed = self._accept(proposal, batch, logits, feats)
+        verdicts, failed = self._verify(proposal, batch, logits, feats)
         t_io = self.clock()
         self._emit([s for s in batch if s not in failed])  # may retire finished sequences
         t_end = self.clock()
@@ -470,9 +398,9 @@ class EngineLoop:
         for seq in failed:  # after the step: vacating moves slots the step still read
             self._fail(seq, f"{ErrorKind.INTERNAL.prefix} while verifying this request; see the server log")
 
-    def _accept(self, proposal: Proposal, batch: List[Sequence], logits: torch.Tensor, feats):
-        """Verify each sequence's draft against the target's logits (lossless) and commit
-        the emitted tokens. logits: [sum(1 + len(draft)), V], sequences in batch order.
+    def _verify(self, proposal: Proposal, batch: List[Sequence], logits: torch.Tensor, feats):
+        """Verify each sequence's draft against the target's logits (lossless) and commit what
+        it emits. logits: [sum(1 + len(draft)), V], sequences in batch order.
         -> (verdicts in batch order, sequences whose verification raised: they emit nothing
         and are failed after the step; the others are unaffected)."""
         argmax = logits.argmax(dim=-1).tolist()
@@ -480,7 +408,10 @@ class EngineLoop:
         for seq, draft in zip(batch, proposal.drafts):
             n = len(draft) + 1
             try:
-                verdicts.append(self._accept_one(seq, draft, logits[row: row + n], argmax[row: row + n], feats, row))
+                checked = verifier.verify(seq, draft, logits[row: row + n], argmax[row: row + n])
+                self._commit(seq, len(draft), checked, feats, row)
+                verdicts.append(Verified(accepted=checked.accepted, emitted=len(checked.tokens),
+                                         p_draft=checked.p_draft, kl=checked.kl, tv=checked.tv))
             except Exception:
                 log.exception("verifying sequence %d failed; failing it alone", seq.seq_id)
                 verdicts.append(Verified(accepted=0, emitted=0))
@@ -488,34 +419,16 @@ class EngineLoop:
             row += n
         return verdicts, failed
 
-    def _accept_one(self, seq: Sequence, draft, logits: torch.Tensor, argmax: List[int], feats, row: int) -> Verified:
-        """One sequence: logits [1 + len(draft), V] of its pending token and drafts (rows
-        row.. of the step's features)."""
-        p = None
-        if seq.processor is not None:  # row j sees the context with d_1..d_j, as plain decoding would
-            logits = seq.processor(logits, seq.tokens, draft.tokens, seq.generated)
-            argmax = logits.argmax(dim=-1).tolist()
-        if seq.request.sampling.greedy:
-            verdict = accept_greedy(argmax, draft.tokens)
-        else:
-            p = target_probs(logits, seq.request.sampling)
-            if draft.q is None:  # one-hot drafts: reproducible from the seed whatever was drafted
-                verdict = accept_sampling_positional(p, draft.tokens, seq.seed, len(seq.tokens))
-            else:
-                verdict = accept_sampling(p, draft.tokens, draft.q, seq.generator)
-        kl, tv = [], []
-        if draft.q is not None and len(draft):  # a model drafter: how far q is from p
-            p_rows = p[: len(draft)] if p is not None else torch.softmax(logits[: len(draft)], -1)
-            kl, tv = divergences(p_rows, draft.q)
-        self._share_features(seq, seq.kv_len, feats, row, 1 + verdict.accepted)  # what stays cached
-        # Cached now: the pending token + the accepted drafts; the rejected drafts are forgotten.
-        seq.kv_len += 1 + verdict.accepted
+    def _commit(self, seq: Sequence, drafted: int, checked: verifier.Checked, feats, row: int) -> None:
+        """Cached now: the pending token + the accepted drafts (rows row.. of the step's
+        features); the rejected drafts are forgotten. The emitted tokens join the sequence."""
+        self._share_features(seq, seq.kv_len, feats, row, 1 + checked.accepted)
+        seq.kv_len += 1 + checked.accepted
         self.pool.truncate(seq.seq_id, seq.kv_len)
         self.engine.truncate(seq.slot, seq.kv_len)
-        seq.drafted += len(draft)
-        seq.accepted += verdict.accepted
-        seq.append(verdict.tokens, self.cfg.limits.max_context, log_probs=log_probs_of(seq, logits, p, verdict.tokens))
-        return Verified(accepted=verdict.accepted, emitted=len(verdict.tokens), p_draft=verdict.p_draft, kl=kl, tv=tv)
+        seq.drafted += drafted
+        seq.accepted += checked.accepted
+        seq.append(checked.tokens, self.cfg.limits.max_context, log_probs=checked.log_probs)
 
     def _record(self, outcome: StepOutcome) -> None:
         """Every closed step: trace, statistics, the listeners (trace writer, metrics)."""
@@ -526,36 +439,17 @@ class EngineLoop:
             listener(outcome)
 
     def _fit_in_memory(self, gammas: Dict[int, int]) -> Dict[int, int]:
-        """Make this step's tokens fit in the KV pool: drop drafts, then preempt the youngest
-        (prefilling or not: a prefilling sequence holds its whole prompt's blocks)."""
-        def need() -> int:
-            return sum(self.pool.extra_blocks(s.seq_id, 1 + gammas[s.seq_id]) for s in self.running
-                       if s.seq_id in gammas)
-        if need() <= self.pool.num_free:
-            return gammas
-        if any(gammas.values()):
-            gammas = dict.fromkeys(gammas, 0)
-            self.stats.memory_gamma_cuts += 1
-        while self.running and need() > self.pool.num_free:
-            youngest = max(self.running, key=lambda s: (s.arrival_s, s.seq_id))
-            self._preempt(youngest)
-        return {s.seq_id: gammas[s.seq_id] for s in self.running if s.seq_id in gammas}
-
-    def _preempt(self, seq: Sequence) -> None:
-        """Out of the batch, tokens kept; resumes (recomputing its cache) before newer requests."""
-        log.info("preempting sequence %d (%d tokens) for lack of KV blocks", seq.seq_id, len(seq.tokens))
-        self._vacate(seq)
-        if seq.joined:
-            self.spec.suspend(seq.seq_id)
-        seq.kv_len = 0
-        seq.preemptions += 1
-        self.stats.preemptions += 1
-        self.waiting.appendleft(seq)
+        gammas, preempted = self.scheduler.fit(gammas)
+        for seq in preempted:
+            if seq.joined:
+                self.spec.suspend(seq.seq_id)
+        return gammas
 
     def _apply_memory_actions(self, actions) -> None:
         self.drafter_memory(actions)
         self.stats.drafter_parks, self.stats.drafter_reloads = self.drafter_memory.parks, self.drafter_memory.reloads
 
+    # -- responses -------------------------------------------------------------------------
     def _emit(self, seqs: List[Sequence]) -> None:
         """Send what each sequence produced; retire finished ones."""
         for seq in seqs:
@@ -576,22 +470,9 @@ class EngineLoop:
                 seq.finish_reason = "cancelled"
                 self._release(seq)
 
-    def _vacate(self, seq: Sequence) -> None:
-        """Give back its batch slot and KV blocks."""
-        if 0 <= seq.slot < len(self.running) and self.running[seq.slot] is seq:
-            i, last = seq.slot, self.running.pop()
-            if last is not seq:  # keep slots contiguous: move the last sequence into the hole
-                self.engine.move_slot(last.slot, i, last.kv_len)
-                last.slot = i
-                self.running[i] = last
-            else:
-                self.engine.truncate(i, 0)
-        seq.slot = -1
-        if seq.seq_id in self.pool:
-            self.pool.free(seq.seq_id)
-
     def _release(self, seq: Sequence) -> None:
-        """The sequence is done (finished, cancelled or failed): vacate it, drafters and policy forget it."""
-        self._vacate(seq)
+        """The sequence is done (finished, cancelled or failed): slot and blocks back, drafters and
+        policy forget it."""
+        self.scheduler.vacate(seq)
         if seq.joined:
             self.spec.leave(seq.seq_id)

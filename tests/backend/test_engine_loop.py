@@ -97,12 +97,12 @@ def test_a_request_that_fails_in_prefill_or_a_step_fails_alone(checkpoint, token
     """One sequence's exception in the step (here: its sampling raises) fails that request
     only; the others in the same steps finish exactly as they would alone, and everything
     the failed one held is released."""
-    import backend.loop.engine_loop as engine_loop
+    import backend.loop.verifier as verifier
 
     engine = TorchLlama(checkpoint, dtype="fp32", max_slots=4, max_context=128)  # fp32: batch-invariant here
     prompts = [f"Count from {i} to {i + 8}:" for i in range(3)]
     alone = [s.text for s in run_all(make_loop(engine, tokenizer, "off", max_batch=4), [greedy(p, 12) for p in prompts])]
-    real = engine_loop.target_probs
+    real = verifier.target_probs
 
     calls = []
 
@@ -115,7 +115,7 @@ def test_a_request_that_fails_in_prefill_or_a_step_fails_alone(checkpoint, token
             raise FloatingPointError("this request's first token broke")
         return real(logits, params)
 
-    monkeypatch.setattr(engine_loop, "target_probs", broken)
+    monkeypatch.setattr(verifier, "target_probs", broken)
     loop = make_loop(engine, tokenizer, "static", max_batch=4, drafter="ngram", gamma=3)
     bad_step = greedy("Count from 5 to 20:", 12, sampling=SamplingParams(temperature=0.7, top_k=1))
     bad_start = greedy("Count from 6 to 20:", 12, sampling=SamplingParams(temperature=0.8, top_k=1))
@@ -185,7 +185,7 @@ def test_a_sequence_cancelled_or_preempted_while_prefilling_gives_back_its_block
     loop.step()
     seq = loop.running[0]
     assert seq.prefilling and 0 < seq.kv_len < seq.prefill_len and not seq.joined
-    loop._preempt(seq)
+    loop.scheduler.preempt(seq)
     assert seq.seq_id not in loop.pool and loop.waiting[0] is seq and seq.kv_len == 0
     loop.step()  # back in, first chunk again
     assert loop.running[0] is seq and seq.kv_len == 32

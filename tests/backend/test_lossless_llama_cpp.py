@@ -31,7 +31,7 @@ PRICED_OUT = ("adaspec", "smartspec", "composite")
 @pytest.fixture(scope="module")
 def engine(checkpoint):
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the server runs torch beside llama.cpp (backend/service.py)
+    torch.set_num_threads(1)  # as the server runs torch beside llama.cpp (backend/services/build.py)
     eng = LlamaCpp(served_gguf(checkpoint), max_slots=8, max_context=512)
     yield eng
     eng.close()

@@ -73,7 +73,7 @@ def test_the_served_model_drafters_are_built_before_serving(tmp_path, fake_build
 
 
 def test_a_drafter_not_built_is_refused_with_the_command_that_builds_it(tmp_path, checkpoint):
-    from backend.service import build_drafter
+    from backend.services.build import build_drafter
     cfg = ServerConfig(drafters="ngram,chat", drafter_dir=str(tmp_path))
     with pytest.raises(ValueError, match="python -m build_engines.on_demand drafters chat"):
         build_drafter("chat", cfg, tmp_path, engine=None)

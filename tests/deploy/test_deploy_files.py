@@ -411,7 +411,7 @@ def third_party_imports(*modules) -> set:
 def test_gpu_image_installs_what_the_launcher_the_edge_and_the_trtllm_model_import():
     check_image = load_check_image()
     imported = third_party_imports("backend.launcher", "backend.edge", "backend.openai_api",
-                                   "backend.triton_adapter", "backend.engines.trtllm.serving")
+                                   "backend.triton_adapter", "backend.services.trtllm.serving")
     assert {"aiohttp", "tritonclient", "jinja2", "torch", "transformers"} <= imported
     provided = {check_image.norm(n) for n in check_image.RELIED_ON} | \
         check_image.requirement_names(DOCKER / "requirements-trtllm.txt")
@@ -744,7 +744,7 @@ def test_tensor_parallel_overlay_gives_one_pod_several_gpus():
     assert {"name": "SPECSERVE_TENSOR_PARALLEL_SIZE", "value": gpus} in container["env"]
     check_env_names([e["name"] for e in container["env"]], "tensor-parallel overlay")
     # the server reads it (env over the ConfigMap, as Kubernetes does) and accepts what the overlay serves
-    from backend.engines.trtllm.serving import build_speculator, check_tensor_parallel
+    from backend.services.trtllm.serving import build_speculator, check_tensor_parallel
     env = {**find("ConfigMap")["data"], **{e["name"]: e["value"] for e in container["env"]}}
     cfg = ServerConfig.load({}, env=env)
     assert cfg.engine == "trtllm" and cfg.tensor_parallel_size == int(gpus)

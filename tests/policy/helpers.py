@@ -1,4 +1,7 @@
-"""Tiny fixtures: contexts and outcomes built by hand."""
+"""Tiny fixtures: contexts and outcomes built by hand, traces recorded in the simulator."""
+import json
+
+from policy.simulator import simulate
 from policy.types import DrafterInfo, SequenceOutcome, SequenceView, StepContext, StepOutcome
 
 DRAFT = DrafterInfo("draft", True, True, size_blocks=100)
@@ -17,3 +20,11 @@ def outcome(seqs, total=0.05, step=0):
 
 def seq(i=0, drafter="draft", gamma=4, accepted=2, **kw):
     return SequenceOutcome(i, drafter, gamma, accepted, accepted + 1, **kw)
+
+
+def record_trace(policy, env, steps, seed=0):
+    """The simulator's StepOutcomes for `policy`, through a JSON round trip (as a trace file)."""
+    trace = []
+    simulate(policy, env, steps=steps, seed=seed,
+             record=lambda o: trace.append(StepOutcome.from_dict(json.loads(json.dumps(o.to_dict())))))
+    return trace

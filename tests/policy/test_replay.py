@@ -8,8 +8,9 @@ import pytest
 from policy import make_policy
 from policy.environments import ENVIRONMENTS
 from policy.replay import main as replay_main, read_trace, reproduce
-from policy.simulator import DEFAULT_PARAMS, simulate
-from policy.types import StepOutcome
+from policy.simulator import DEFAULT_PARAMS
+
+from helpers import record_trace
 
 
 def params_for(name, env):
@@ -20,10 +21,7 @@ def params_for(name, env):
 
 
 def record(name, env, seed=0, steps=250):
-    trace = []
-    simulate(make_policy(name, rng=random.Random(seed), **params_for(name, env)), env, steps=steps, seed=seed,
-             record=lambda o: trace.append(StepOutcome.from_dict(json.loads(json.dumps(o.to_dict())))))
-    return trace
+    return record_trace(make_policy(name, rng=random.Random(seed), **params_for(name, env)), env, steps, seed)
 
 
 @pytest.mark.parametrize("env_name", ["mixed", "batch"])

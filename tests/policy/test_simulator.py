@@ -6,8 +6,10 @@ from dataclasses import replace
 import pytest
 
 from policy import make_policy
-from policy.environments import batch_sweep, stationary
+from policy.environments import ENVIRONMENTS, batch_sweep, stationary
 from policy.simulator import main, read_trace, replay, simulate
+
+from helpers import record_trace
 
 ROUNDS = 1000  # stated budget: best-arm ratio over rounds 500-1000 must reach 0.9
 STATIONARY_LEARNERS = {
@@ -116,8 +118,87 @@ def test_record_and_replay_trace(tmp_path):
     assert len(trace) == 80 and trace[0].sequences[0].gamma == 3
     same = replay(make_policy("static", drafter="draft", gamma=3), trace)
     assert same.agreement == 1.0 and same.covered == 1.0
+    assert same.policy_goodput == pytest.approx(same.recorded_goodput)
     other = replay(make_policy("off"), trace)
-    assert other.agreement == 0.0
+    assert other.agreement == 0.0 and other.covered == 0.0
+
+
+@pytest.mark.parametrize("name, params", [
+    ("adaspec", dict(drafter="draft")),  # continue_drafting / verify_lengths: plays fewer than it plans
+    ("nightjar", dict(drafter="draft")),  # learns from step times per batch size
+    ("metasd", dict(drafters=["draft", "ngram"], gamma=4)),  # a bandit per request (on_request_start)
+])
+def test_replay_of_the_recording_policy_agrees_everywhere(name, params):
+    env = ENVIRONMENTS["mixed"]()
+    trace = record_trace(make_policy(name, rng=random.Random(0), **params), env, steps=200)
+    r = replay(make_policy(name, rng=random.Random(0), **params), trace)
+    assert (r.agreement, r.covered) == (1.0, 1.0)
+    assert r.policy_goodput == pytest.approx(r.recorded_goodput)
+
+
+class Spy:
+    """Wraps a policy; keeps what the speculator told it."""
+
+    def __init__(self, inner):
+        self.inner, self.name = inner, inner.name
+        self.outcomes, self.started, self.ended = [], [], []
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+    def observe(self, outcome):
+        self.outcomes.append(outcome)
+        self.inner.observe(outcome)
+
+    def on_request_start(self, seq_id):
+        self.started.append(seq_id)
+
+    def on_request_end(self, seq_id):
+        self.ended.append(seq_id)
+
+
+def test_replay_plays_the_policys_arms_on_the_recorded_verdicts():
+    trace = record_trace(make_policy("static", drafter="draft", gamma=4), stationary(), steps=120)
+    spy = Spy(make_policy("static", drafter="draft", gamma=2))
+    r = replay(spy, trace)
+    assert r.agreement == 0.0 and len(spy.outcomes) == len(trace)
+    assert spy.started == [i for o in trace for i in o.joined] and spy.ended == [i for o in trace for i in o.left]
+    for mine, o in zip(spy.outcomes, trace):
+        assert mine.context == o.context and mine.total_time_s == o.total_time_s
+        for s, rec in zip(mine.sequences, o.sequences):
+            assert (s.seq_id, s.drafter, s.planned_gamma) == (rec.seq_id, "draft", 2)
+            assert s.gamma == min(2, rec.gamma) and s.accepted == min(rec.accepted, s.gamma)
+            assert s.emitted == min(s.accepted + 1, rec.emitted) and s.p_draft == rec.p_draft[:s.gamma]
+    # a shorter gamma emits fewer tokens on the same verdicts
+    assert sum(o.emitted for o in spy.outcomes) < sum(o.emitted for o in trace)
+
+
+def test_replay_of_another_drafter_drafts_nothing():
+    trace = record_trace(make_policy("static", drafter="draft", gamma=3), stationary(), steps=30)
+    spy = Spy(make_policy("static", drafter="ngram", gamma=3))
+    r = replay(spy, trace)
+    assert r.agreement == 0.0 and r.covered == 0.0
+    assert all((s.gamma, s.accepted, s.emitted) == (0, 0, 1) for o in spy.outcomes for s in o.sequences)
+
+
+def test_replay_needs_recorded_contexts(tmp_path, capsys):
+    trace = record_trace(make_policy("static", drafter="draft", gamma=3), stationary(), steps=10)
+    trace[4] = replace(trace[4], context=None)
+    with pytest.raises(ValueError, match="step 4 has no recorded context"):
+        replay(make_policy("off"), trace)
+    path = tmp_path / "old.jsonl"
+    path.write_text("".join(json.dumps(o.to_dict()) + "\n" for o in trace))
+    assert main(["--trace", str(path), "--policy", "off"]) == 2
+    assert "step 4 has no recorded context" in capsys.readouterr().err
+
+
+def test_cli_replays_a_trace(tmp_path, capsys):
+    path = tmp_path / "trace.jsonl"
+    assert main(["--env", "stationary", "--policy", "static", "--steps", "40", "--record", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["--trace", str(path), "--policy", "static", "off"]) == 0
+    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows["static"][:2] == ["1.00", "1.00"] and rows["off"][:2] == ["0.00", "0.00"]
 
 
 def test_cli_reports_table_and_config_errors(capsys, tmp_path):

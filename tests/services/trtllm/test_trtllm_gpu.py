@@ -1,8 +1,8 @@
 """The real thing: TensorRT-LLM 1.2.x on a GPU, inside the TensorRT-LLM container. Skipped
-wherever no real `tensorrt_llm` is importable (tests/backend/trtllm/conftest.py), i.e. on
+wherever no real `tensorrt_llm` is importable (tests/services/conftest.py), i.e. on
 every machine this project has had so far. Inside the container:
 
-    SPECSERVE_TRTLLM_MODEL=/models/<hf-llama-dir> python -m pytest -m gpu tests/backend/trtllm
+    SPECSERVE_TRTLLM_MODEL=/models/<hf-llama-dir> python -m pytest -m gpu tests/services/trtllm
 
 What it checks, as upstream's own test_user_provided.py does for its drafter: greedy output
 with our drafter in TensorRT-LLM equals TensorRT-LLM's greedy output without speculation,
@@ -31,8 +31,8 @@ def model_dir(checkpoint_default: Path) -> Path:
 
 
 def test_greedy_with_our_drafter_equals_tensorrt_llm_greedy_without_speculation():
-    from backend.engines.trtllm import _api
-    from backend.engines.trtllm.serving import TrtllmService, sampling_params
+    from backend.services.trtllm import _api
+    from backend.services.trtllm.serving import TrtllmService, sampling_params
 
     ckpt = model_dir(ROOT / ".cache" / "models" / "smollm2-135m-instruct")
     cfg = ServerConfig(checkpoint=str(ckpt), max_batch=4, max_context=512, max_tokens_limit=256)
@@ -75,7 +75,7 @@ def test_parking_a_model_drafter_frees_its_gpu_memory_and_reloading_restores_it(
     import torch
 
     from backend.drafters.artifacts import find_artifact
-    from backend.engines.trtllm.gpu_drafters import DrafterMemory, GpuModelDrafter, Placement
+    from backend.services.trtllm.gpu_drafters import DrafterMemory, GpuModelDrafter, Placement
     from policy.speculator import DraftRequest
     from policy.types import MemoryAction
 

@@ -2,7 +2,7 @@
 
 NOT YET RUN ON A GPU. Written against TensorRT-LLM 1.2.x (the release/1.2 line,
 PyTorch backend) and tested only against a fake `tensorrt_llm` shaped after those
-sources (tests/backend/trtllm/, which records the upstream names it relies on).
+sources (tests/services/trtllm/, which records the upstream names it relies on).
 
 TensorRT-LLM's PyExecutor owns scheduling, the paged KV cache, verification and
 streaming. With `speculative_config=UserProvidedDecodingConfig(max_draft_len=N,
@@ -236,7 +236,7 @@ def adaptive_drafter_class() -> type:
 
 
 def __getattr__(name: str):
-    # `from backend.engines.trtllm.drafter import AdaptiveDrafter` (and unpickling in TensorRT-LLM's
+    # `from backend.services.trtllm.drafter import AdaptiveDrafter` (and unpickling in TensorRT-LLM's
     # worker process) resolve the class lazily, against whichever `tensorrt_llm` is importable.
     if name == "AdaptiveDrafter":
         return adaptive_drafter_class()

@@ -1,7 +1,7 @@
 """Serving on TensorRT-LLM's PyTorch backend (`tensorrt_llm.LLM`). NOT YET RUN ON A GPU.
 
 Written against TensorRT-LLM 1.2.x; exercised here only with a fake `tensorrt_llm`
-(tests/backend/trtllm/). Two parts:
+(tests/services/trtllm/). Two parts:
 
 * `build_llm(cfg, root)`: the `LLM(...)` from our ServerConfig and the LLM-API settings file
   (llm_config.py: KV cache, block reuse, batch, sequence length, tensor parallelism, iteration
@@ -10,9 +10,9 @@ Written against TensorRT-LLM 1.2.x; exercised here only with a fake `tensorrt_ll
   acceptance from the tokens committed since the previous iteration) and TensorRT-LLM's
   tokenizer skipped. Model drafters are loaded onto the GPU first (gpu_drafters.py), so the
   KV pool TensorRT-LLM sizes at start leaves their memory alone.
-* `TrtllmService`: what the Triton adapter drives (`submit(GenerationRequest, sink)`,
-  `start()`, `stop()`, `drain()`, `idle`, like EngineLoop), with EngineLoop's metrics surface
-  (observe.py). Requests are tokenized, checked, stopped and detokenized by the same code as
+* `TrtllmService`: a Service (backend/services/contract.py), as our EngineLoop is: what the
+  Triton adapter drives (`submit(GenerationRequest, sink)`, `limits`, `start()`, `stop()`,
+  `drain()`, `idle`) and what the metrics publisher reads (observe.py). Requests are tokenized, checked, stopped and detokenized by the same code as
   on the CPU (`backend.request`, `backend.sequence`: EOS, max_tokens, context limit, stop words
   with held-back text, incremental UTF-8 detokenizing, finish_reason, exclude_input_in_output),
   so clients cannot tell which engine serves them. TensorRT-LLM only generates token ids
@@ -29,13 +29,14 @@ import pickle
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from policy.external import IterationDrafter
 from policy.speculator import Speculator
+from policy.types import StepOutcome
 
 from ...detokenizer import IncrementalDetokenizer
-from ...loop.engine_loop import LoopConfig
+from ...loop.stats import LoopStats
 from ...request import GenerationRequest, Limits, admit, prompt_ids
 from ...sequence import Sequence
 from ...server_config import ServerConfig
@@ -146,12 +147,11 @@ class TrtllmService:
 
     def __init__(self, llm, drafter, tokenizer, limits: Limits, eos_ids: frozenset, *, max_batch: int = 1,
                  max_queue: int = 0, cancel_poll_s: float = 0.05):
-        self.llm, self.drafter, self.tok, self.limits = llm, drafter, tokenizer, limits
+        self.llm, self.drafter, self.tok = llm, drafter, tokenizer
+        self.limits, self.max_batch, self.max_queue = limits, max_batch, max_queue  # max_queue: 0 = no bound
         self.default_eos, self.cancel_poll_s = frozenset(eos_ids), cancel_poll_s
         self.vocab = len(tokenizer)
-        # the EngineLoop surface backend/metrics.py and backend/triton_adapter.py read (observe.py)
-        self.cfg = LoopConfig(max_batch=max_batch, limits=limits, max_queue=max_queue)
-        self._listeners: list = []  # add_outcome_listener: the metrics publisher
+        self._listeners: List[Callable[[StepOutcome], None]] = []  # add_outcome_listener: the metrics publisher
         self._counts = ServiceStats()
         self.spec = drafter.iteration_drafter.spec
         self.spec.on_outcome = _Tee(self.spec.on_outcome, self._outcome)
@@ -177,16 +177,17 @@ class TrtllmService:
                    frozenset(eos_ids), max_batch=cfg.max_batch, max_queue=cfg.max_queue or 4 * cfg.max_batch)
 
     # -- what the metrics publisher reads (backend/metrics.py; observe.py) ------------------------
-    def _outcome(self, outcome) -> None:  # TensorRT-LLM's executor thread, once per iteration
+    def _outcome(self, outcome: StepOutcome) -> None:  # TensorRT-LLM's executor thread, once per iteration
         self._counts.outcome(outcome)
         for listener in self._listeners:
             listener(outcome)
 
-    def add_outcome_listener(self, listener) -> None:
+    def add_outcome_listener(self, listener: Callable[[StepOutcome], None]) -> None:
+        """Call `listener(outcome)` after every closed iteration (on the executor thread)."""
         self._listeners.append(listener)
 
     @property
-    def stats(self):
+    def stats(self) -> LoopStats:
         st = self._counts.stats
         st.drafter_errors = self.drafter.hook_errors + self.spec.drafter_errors
         memory = getattr(self.spec, "memory", None)  # MemorySpeculator (build_speculator) applies park/reload
@@ -220,7 +221,7 @@ class TrtllmService:
     def cancelled(self) -> int:
         return self._counts.stats.cancelled
 
-    # -- the EngineLoop surface -------------------------------------------------------------
+    # -- serving (the Triton adapter) ---------------------------------------------------------
     def start(self) -> None:
         self._aloop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._aloop.run_forever, name="trtllm-serving", daemon=True)
@@ -255,7 +256,7 @@ class TrtllmService:
         """Admit (backend/request.admit: ShuttingDown, Overloaded or RequestError if refused) and
         start serving."""
         a = admit(req, self.tok, self.limits, self.vocab, self.default_eos, draining=self._draining,
-                  queue_depth=self.queue_depth, max_queue=self.cfg.max_queue)
+                  queue_depth=self.queue_depth, max_queue=self.max_queue)
         if not req.sampling.greedy:
             req.seed = a.seed  # TensorRT-LLM samples with the request's seed (sampling_params)
         seq = Sequence(seq_id=next(self._ids), request=req, sink=sink, prompt_ids=a.prompt_ids,

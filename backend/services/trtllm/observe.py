@@ -1,10 +1,12 @@
-"""What the TensorRT-LLM service knows, in the shape backend/metrics.py reads of our EngineLoop.
-NOT YET RUN ON A GPU.
+"""What the TensorRT-LLM service reports: the metrics side of the Service contract
+(backend/services/contract.py), as our EngineLoop reports it. NOT YET RUN ON A GPU.
 
-MetricsPublisher(loop, ...) reads `loop.stats` (LoopStats fields), `loop.running` (its length),
-`loop.queue_depth`, `loop.pool` (num_blocks, num_free, block_size), `loop.cfg.max_batch`,
-`loop.drafters` and chains itself into `loop.on_outcome`. TrtllmService has the same surface,
-filled from two places:
+MetricsPublisher(service, ...) (backend/metrics.py) reads `service.stats` (a LoopStats, counted
+by `LoopStats.count_step` as the loop counts it), `service.running` (its length),
+`service.queue_depth`, `service.pool` (num_blocks, num_free, block_size), `service.max_batch`
+and `service.drafters`, and hears every step through `service.add_outcome_listener`
+(listeners, called in order; nothing chains itself into another's callback). TrtllmService
+fills these from two places:
 
 * the drafter hook, once per TensorRT-LLM iteration: each StepOutcome (steps, tokens emitted,
   drafted and accepted, phase times) and what it saw of the iteration (scheduled context and

@@ -1,4 +1,4 @@
-"""Serving on TensorRT-LLM (backend/engines/trtllm/serving.py) against the fake `tensorrt_llm`:
+"""Serving on TensorRT-LLM (backend/services/trtllm/serving.py) against the fake `tensorrt_llm`:
 `build_llm` builds the LLM our config describes with our drafter in it, and `TrtllmService`
 answers requests exactly as the CPU engine loop does (same text, streamed chunks joining to
 it, stop words, max_tokens, finish_reason), cancels and refuses like it. The fake LLM runs
@@ -20,7 +20,7 @@ MAX_CONTEXT = 128
 def served(fake_trtllm, trt_engine, checkpoint, monkeypatch, upstream_record):
     from tensorrt_llm import _fake
 
-    from backend.engines.trtllm.serving import TrtllmService
+    from backend.services.trtllm.serving import TrtllmService
     from fake_executor import FakePyExecutor
 
     executors = []
@@ -133,8 +133,8 @@ def test_bad_requests_are_refused_like_on_the_cpu(served):
 
 
 def test_the_engine_setting_selects_the_trtllm_service(monkeypatch, checkpoint):
-    from backend.engines.trtllm.serving import TrtllmService
-    from backend.service import build_service
+    from backend.services.trtllm.serving import TrtllmService
+    from backend.services.build import build_service
 
     built = []
     monkeypatch.setattr(TrtllmService, "from_config", classmethod(lambda cls, cfg, root: built.append(cfg) or "svc"))
@@ -183,7 +183,7 @@ class _Series:
 
 
 def test_the_metrics_publisher_reads_the_service(served, tokenizer):
-    from backend.engines.trtllm.drafter import Iteration
+    from backend.services.trtllm.drafter import Iteration
     from backend.metrics import MetricsPublisher, RequestLog
 
     svc, ex = served

@@ -1,5 +1,5 @@
 """Offline preparation for the TensorRT-LLM path (build_engines/prepare_trtllm.py) and the server
-reading what it wrote (backend/engines/trtllm/llm_config.py, serving.build_llm), against the fake
+reading what it wrote (backend/services/trtllm/llm_config.py, serving.build_llm), against the fake
 `tensorrt_llm`; the quantized variant against a stand-in for NVIDIA ModelOpt that records the
 calls TensorRT-LLM's docs prescribe. Not a GPU run."""
 import json
@@ -125,7 +125,7 @@ def fake_llm(fake_trtllm, trt_engine, monkeypatch):
 
 
 def build(cfg):
-    from backend.engines.trtllm.serving import build_llm
+    from backend.services.trtllm.serving import build_llm
     llm, _ = build_llm(cfg, ROOT, max_draft_len=4)
     return llm.args
 
@@ -188,7 +188,7 @@ def test_tensor_parallel_size_is_read_from_the_server_config_and_passed_on(fake_
 
 
 def test_the_server_warns_when_another_tensorrt_llm_line_is_installed(fake_llm, target, monkeypatch, caplog):
-    from backend.engines.trtllm import _api
+    from backend.services.trtllm import _api
     run("--checkpoint", str(target), "--drafters", "ngram")
     cfg = ServerConfig(checkpoint=str(target), drafters="ngram", policy="static")
     for installed, warned in (("1.2.1", False), ("1.3.0rc2", True)):

@@ -1,4 +1,4 @@
-"""The TensorRT-LLM drafter hook (backend/engines/trtllm) against a fake `tensorrt_llm` shaped
+"""The TensorRT-LLM drafter hook (backend/services/trtllm) against a fake `tensorrt_llm` shaped
 after the real 1.2.x sources (upstream_api.json records the names and signatures read):
 the adapter uses nothing outside that record, and a fake executor that calls the hook every
 iteration and verifies with the torch engine produces exactly plain greedy output under
@@ -19,7 +19,7 @@ from policy.simulator import DEFAULT_PARAMS
 from policy.speculator import Speculator
 
 ROOT = Path(__file__).resolve().parents[3]
-ADAPTER = ROOT / "backend" / "engines" / "trtllm"
+ADAPTER = ROOT / "backend" / "services" / "trtllm"
 PROMPTS = [
     "Repeat exactly: the river runs, the river runs, the river runs.",
     "1, 2, 3, 4, 5, 6, 7, 8,",
@@ -50,7 +50,7 @@ def policy_for(name):
 
 
 def adaptive(policy, drafters=None, max_draft_len=MAX_DRAFT, on_outcome=None):
-    from backend.engines.trtllm.drafter import AdaptiveDrafter
+    from backend.services.trtllm.drafter import AdaptiveDrafter
     drafters = drafters if drafters is not None else {n: make_drafter(n) for n in ("ngram", "suffix")}
     spec = Speculator(policy, drafters, on_outcome=on_outcome)
     return AdaptiveDrafter(IterationDrafter(spec, max_draft_len=max_draft_len))
@@ -150,9 +150,9 @@ def test_only_api_imports_tensorrt_llm_and_only_recorded_names():
 def test_importing_the_adapter_does_not_import_tensorrt_llm():
     import subprocess
     import sys
-    code = ("import sys, backend.engines.trtllm, backend.engines.trtllm.drafter, backend.engines.trtllm.serving; "
+    code = ("import sys, backend.services.trtllm, backend.services.trtllm.drafter, backend.services.trtllm.serving; "
             "assert not any(m.startswith('tensorrt_llm') for m in sys.modules); "
-            "assert backend.engines.trtllm.available() is False")
+            "assert backend.services.trtllm.available() is False")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
@@ -262,8 +262,8 @@ def test_the_class_pickles_by_reference_and_worker_mode_is_refused_when_the_comp
     TLLM_WORKER_USE_SINGLE_PROCESS=1. The dynamically built class resolves by name; today's
     component does not pickle (Speculator's default drafter_blocks is a lambda, the suffix
     drafter holds a lock), so build_llm serves single-process and refuses worker mode clearly."""
-    from backend.engines.trtllm.drafter import AdaptiveDrafter, adaptive_drafter_class
-    from backend.engines.trtllm.serving import build_llm
+    from backend.services.trtllm.drafter import AdaptiveDrafter, adaptive_drafter_class
+    from backend.services.trtllm.serving import build_llm
     from backend.server_config import ServerConfig
     assert pickle.loads(pickle.dumps(AdaptiveDrafter)) is adaptive_drafter_class()
     drafter = adaptive(policy_for("composite"))

@@ -1,4 +1,5 @@
-"""Build a ready-to-serve EngineLoop from a ServerConfig (no Triton here)."""
+"""Build what serves a ServerConfig (no Triton here): our EngineLoop (build_loop), or the
+TensorRT-LLM service (build_service picks by cfg.engine)."""
 from __future__ import annotations
 
 import json
@@ -7,14 +8,15 @@ from pathlib import Path
 
 import torch
 
-from .drafters import DRAFTERS, Drafter, make_drafter
-from .drafters.feature import load_model_drafter
-from .drafters.artifacts import find_artifact, not_built
-from .loop.engine_loop import EngineLoop, LoopConfig
-from .engines import Engine
-from .engines.torch_llama import TorchLlama
-from .served_policy import load_policy
-from .server_config import ServerConfig
+from ..drafters import DRAFTERS, Drafter, make_drafter
+from ..drafters.feature import load_model_drafter
+from ..drafters.artifacts import find_artifact, not_built
+from ..loop.engine_loop import EngineLoop, LoopConfig
+from ..engines import Engine
+from ..engines.torch_llama import TorchLlama
+from ..served_policy import load_policy
+from ..server_config import ServerConfig
+from .contract import Service
 
 log = logging.getLogger("specserve")
 
@@ -50,7 +52,7 @@ def build_engine(cfg: ServerConfig, root: Path, ckpt: Path) -> Engine:
     """The target engine the config names: llama.cpp on the checkpoint's prepared GGUF (or
     cfg.gguf), or the torch engine on the checkpoint itself."""
     if cfg.engine == "llama.cpp":
-        from .engines.llama_cpp import LlamaCpp, served_gguf
+        from ..engines.llama_cpp import LlamaCpp, served_gguf
         gguf = cfg.resolve(cfg.gguf, root) if cfg.gguf else served_gguf(ckpt)
         return LlamaCpp(gguf, max_slots=cfg.max_batch, max_context=cfg.max_context, threads=cfg.threads,
                         kv_type=cfg.kv_type, prefix_stream=cfg.reuse_prefix)
@@ -58,11 +60,11 @@ def build_engine(cfg: ServerConfig, root: Path, ckpt: Path) -> Engine:
                       batch_invariant=cfg.batch_invariant)
 
 
-def build_service(cfg: ServerConfig, root: Path):
+def build_service(cfg: ServerConfig, root: Path) -> Service:
     """What serves the requests: our EngineLoop, or (engine=trtllm) TensorRT-LLM's PyTorch
-    backend with our speculation in its drafter hook. Both take submit/start/stop."""
+    backend with our speculation in its drafter hook. Both are a Service (contract.py)."""
     if cfg.engine == "trtllm":
-        from .engines.trtllm.serving import TrtllmService
+        from .trtllm.serving import TrtllmService
         return TrtllmService.from_config(cfg, root)
     return build_loop(cfg, root)
 

@@ -1,6 +1,6 @@
-"""Fixtures for the TensorRT-LLM path: the fake `tensorrt_llm` (installed into sys.modules per
-test, removed after), the record of the real upstream names, a small fp32 torch engine; and
-the skip of `gpu`-marked tests where no real `tensorrt_llm` is importable."""
+"""Fixtures for the services: the fake `tensorrt_llm` of trtllm/ (installed into sys.modules per
+test, removed after) and the record of the real upstream names it is built from; and the skip
+of trtllm/'s `gpu`-marked tests where no real `tensorrt_llm` is importable."""
 import importlib
 import importlib.util
 import json
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-FAKE_ROOT = HERE / "fake_tensorrt_llm"
+TRTLLM = Path(__file__).resolve().parent / "trtllm"
+FAKE_ROOT = TRTLLM / "fake_tensorrt_llm"
 
 
 def _real_trtllm() -> bool:
@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="needs a GPU and the real tensorrt_llm (run inside the TensorRT-LLM container)")
     for item in items:
-        if item.get_closest_marker("gpu") and HERE in Path(str(item.fspath)).resolve().parents:
+        if item.get_closest_marker("gpu") and TRTLLM in Path(str(item.fspath)).resolve().parents:
             item.add_marker(skip)
 
 
@@ -52,10 +52,4 @@ def fake_trtllm(monkeypatch):
 
 @pytest.fixture(scope="session")
 def upstream_record():
-    return json.loads((HERE / "upstream_api.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def trt_engine(checkpoint):
-    from backend.engines.torch_llama import TorchLlama
-    return TorchLlama(checkpoint, dtype="fp32", max_slots=3, max_context=128)
+    return json.loads((TRTLLM / "upstream_api.json").read_text())

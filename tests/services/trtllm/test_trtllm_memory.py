@@ -1,4 +1,4 @@
-"""Model drafters beside TensorRT-LLM (backend/engines/trtllm/gpu_drafters.py): the policy's park
+"""Model drafters beside TensorRT-LLM (backend/services/trtllm/gpu_drafters.py): the policy's park
 and reload move a drafter's weights off and onto its device and free its KV cache, on the CPU here
 with every move recorded (no GPU on this machine); through the fake `tensorrt_llm` the output stays
 plain greedy while the drafter is parked and reloaded. What this cannot show: real GPU memory
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from backend.engines.torch_llama import TorchLlama
-from backend.engines.trtllm.gpu_drafters import DrafterMemory, GpuModelDrafter, Placement
+from backend.services.trtllm.gpu_drafters import DrafterMemory, GpuModelDrafter, Placement
 from backend.offline import ListSink
 from backend.request import GenerationRequest
 from backend.server_config import ServerConfig
@@ -90,7 +90,7 @@ def test_park_and_reload_move_the_weights_off_and_on_the_device(chat_path, token
 
 
 def test_feature_drafters_are_refused_on_this_path(model_drafters):
-    from backend.engines.trtllm.gpu_drafters import load_gpu_drafter
+    from backend.services.trtllm.gpu_drafters import load_gpu_drafter
     cfg = ServerConfig(drafter_dir=str(model_drafters))
     with pytest.raises(ValueError, match="features"):
         load_gpu_drafter("chat-feature", cfg, ROOT, RecordingPlacement())
@@ -102,7 +102,7 @@ def test_served_through_the_fake_trtllm_the_policy_parks_and_reloads_and_output_
         fake_trtllm, trt_engine, checkpoint, monkeypatch, chat_path):
     from tensorrt_llm import _fake
 
-    from backend.engines.trtllm.serving import TrtllmService
+    from backend.services.trtllm.serving import TrtllmService
     from backend.offline import make_loop, run_all
     from fake_executor import FakePyExecutor
 
