@@ -1,6 +1,6 @@
 """The words the model and every front end share, in one place: the kinds of error a model's
 message can carry (its prefix, HTTP status, OpenAI error type, Triton error code) and the
-request-id names. Standard library only: Triton's unary model (backend/triton_forward.py), the
+request-id names. Standard library only: Triton's unary model (backend/frontend/triton_forward.py), the
 HTTP edge, the OpenAI layer and the serving loops all import it.
 
 Errors cross processes as text (a decoupled Triton model's error reaches HTTP clients as a 400
@@ -45,10 +45,10 @@ def error_kind(message: str) -> ErrorKind:
 
 
 # The HTTP edge's own id of a request the model computes: a `parameters` entry of /generate bodies,
-# a header Triton forwards on /infer (--http-header-forward-pattern; backend/launcher.py), which the
+# a header Triton forwards on /infer (--http-header-forward-pattern; backend/frontend/launcher.py), which the
 # unary model passes on to llm; the model's response sender watches for the edge's cancel mark.
 REQUEST_ID = "specserve_request_id"
 REQUEST_ID_HEADER = "specserve-request-id"
 REQUEST_ID_NAMES = (REQUEST_ID, REQUEST_ID_HEADER)  # either spelling, compared lower-cased
-# The header that opens Triton's restricted APIs over HTTP (checked by the edge; backend/launcher.py).
+# The header that opens Triton's restricted APIs over HTTP (checked by the edge; backend/frontend/launcher.py).
 ADMIN_HEADER = "specserve-admin-key"

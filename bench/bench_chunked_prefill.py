@@ -28,9 +28,9 @@ from prompts import ARTICLE  # bench/ (the script's own folder)
 
 ROOT = Path(__file__).resolve().parents[1]
 from backend.engines.llama_cpp import LlamaCpp, served_gguf
-from backend.logits_processors import Penalties
-from backend.offline import ListSink, make_loop
-from backend.request import GenerationRequest
+from backend.generation.logits_processors import Penalties
+from backend.loop.offline import ListSink, make_loop
+from backend.generation.request import GenerationRequest
 
 CHECKPOINT = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 OUT = ROOT / "bench" / "results" / "chunked_prefill"  # the recorded run: docs/results/

@@ -114,8 +114,8 @@ def run_prompt(engine, tok, drafters, prompt, chat, policy, max_tokens, repeats=
 
 
 def run_once(engine, tok, drafters, prompt, chat, policy, max_tokens, **params):
-    from backend.offline import make_loop, run_all
-    from backend.request import GenerationRequest
+    from backend.loop.offline import make_loop, run_all
+    from backend.generation.request import GenerationRequest
     from backend.drafters import make_drafter
     # Fresh model-free drafters per run: the suffix store would remember earlier runs of this prompt.
     drafters = {n: d if d.is_model else make_drafter(n) for n, d in drafters.items()}
@@ -156,8 +156,8 @@ def acceptance_and_speed(engine, tok, drafters, max_tokens: int, repeats: int) -
 # -- Part 2 --------------------------------------------------------------------------------------
 def tight_budget(engine, tok, drafters, name: str, requests: int, max_tokens: int) -> list:
     """Same load and budget; the model drafter resident (and unused) vs parked before the first step."""
-    from backend.offline import make_loop, run_all
-    from backend.request import GenerationRequest
+    from backend.loop.offline import make_loop, run_all
+    from backend.generation.request import GenerationRequest
     d = drafters[name]
     # Room for ~30 blocks of KV beside the resident drafter (a GPU-like squeeze where the drafter's
     # weights are most of the memory left after the target); parking it gives its share to the pool.

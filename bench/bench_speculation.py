@@ -62,8 +62,8 @@ def bench_prompts():
 def part_a(max_tokens: int, repeats: int, engine_kind: str = "llama.cpp") -> list:
     from transformers import AutoTokenizer
 
-    from backend.offline import make_loop, run_all
-    from backend.request import GenerationRequest
+    from backend.loop.offline import make_loop, run_all
+    from backend.generation.request import GenerationRequest
 
     tok = AutoTokenizer.from_pretrained(CHECKPOINT)
     if engine_kind == "llama.cpp":
@@ -205,7 +205,7 @@ def _stream_client(url, next_prompt, max_tokens, out, stop, limit=None):
 
 
 def _metrics(port):
-    from backend.prometheus_text import scrape, specserve_series
+    from backend.frontend.prometheus_text import scrape, specserve_series
     return specserve_series(scrape(f"127.0.0.1:{port}"))
 
 
@@ -271,7 +271,7 @@ def part_b(max_tokens: int, concurrencies, window: float, model_drafters: bool =
     the arms run round-robin that many times and each ratio is taken against plain decoding
     of the same round (the host's speed drifts by 10-20% over minutes on shared machines);
     the rows are then the per-(arm, concurrency) medians, with every round's ratio listed."""
-    from backend.launcher import start_server
+    from backend.frontend.launcher import start_server
 
     if repeated:
         pool = list(COPY_HEAVY.values()) + list(FREE_FORM.values())

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from prompts import distinct_requests  # bench/ (the script's own folder)
 
-from backend.offline import run_all
-from backend.request import GenerationRequest
+from backend.loop.offline import run_all
+from backend.generation.request import GenerationRequest
 from backend.server_config import ServerConfig
 from backend.services.build import build_loop
 

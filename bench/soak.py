@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backend.prometheus_text import scrape, specserve_series
+from backend.frontend.prometheus_text import scrape, specserve_series
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["Write a short story about a lighthouse keeper.", "1, 2, 3, 4, 5, 6, 7, 8,",
@@ -102,7 +102,7 @@ def metrics(address: str) -> dict:
 
 def model_stub_pid(grpc_port: int) -> int | None:
     """The `llm` stub of the tritonserver listening on this gRPC port."""
-    from backend.launcher import _proc_argv, _stubs
+    from backend.frontend.launcher import _proc_argv, _stubs
     for pid, argv in _stubs():
         if "/llm/1/" in argv[1] and f"--grpc-port={grpc_port}" in _proc_argv(int(argv[5])):
             return pid
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
     if args.grpc:
         grpc, metrics_address = args.grpc, args.metrics or args.grpc.rsplit(":", 1)[0] + ":8002"
     else:
-        from backend.launcher import start_server
+        from backend.frontend.launcher import start_server
         env = dict(SERVER_ENV, SPECSERVE_MAX_BATCH=str(min(32, args.streams)))
         print(f"starting a server ({env}) ...", flush=True)
         proc, ports = start_server(env=env)

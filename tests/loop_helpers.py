@@ -1,8 +1,8 @@
-"""Test shorthands over backend.offline (the real engine loop, run synchronously)."""
+"""Test shorthands over backend.loop.offline (the real engine loop, run synchronously)."""
 from pathlib import Path
 
-from backend.offline import ListSink, make_loop, run_all  # noqa: F401
-from backend.request import GenerationRequest
+from backend.loop.offline import ListSink, make_loop, run_all  # noqa: F401
+from backend.generation.request import GenerationRequest
 
 
 def greedy(prompt, max_tokens=32, **kw):

@@ -4,8 +4,8 @@ import time
 import urllib.request
 from contextlib import contextmanager
 
-from backend import prometheus_text
-from backend.launcher import start_server
+from backend.frontend import prometheus_text
+from backend.frontend.launcher import start_server
 
 
 class Server:

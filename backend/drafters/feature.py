@@ -30,7 +30,7 @@ import torch
 from safetensors import safe_open
 
 from ..engines.torch_llama import DTYPES
-from ..ragged import prefill_groups
+from ..engines.ragged import prefill_groups
 from .base import ContinueFn, Draft, DraftRequest
 from .model import ModelDrafter
 

@@ -35,7 +35,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from ..engines.torch_llama import TorchLlama
-from ..ragged import prefill_groups
+from ..engines.ragged import prefill_groups
 from .base import ContinueFn, Draft, DraftRequest, Drafter
 
 log = logging.getLogger("specserve.drafter")

@@ -79,7 +79,7 @@ class Engine(Protocol):
     @property
     def kv_bytes_per_token(self) -> int:
         """Bytes one cached position of one sequence takes (K and V, all layers); > 0.
-        The loop's KV block ledger (backend/memory.py) budgets in these units."""
+        The loop's KV block ledger (backend/loop/memory.py) budgets in these units."""
         ...
 
     @property

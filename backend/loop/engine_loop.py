@@ -17,7 +17,7 @@ who runs and with what memory is `scheduler.Scheduler` (torch-free); what the ta
 a draft is `verifier` (pure). This module holds what ties them to the engine and the clients:
 the thread, submission, drain and cancellation, prefix reuse, feature sharing, emission.
 
-A sequence joins the speculator when its prefill completes. Memory (backend/memory.py): the
+A sequence joins the speculator when its prefill completes. Memory (backend/loop/memory.py): the
 target's KV blocks and the resident model drafters share one byte budget; the policy's memory
 actions park a model drafter (its bytes join the pool) or reload it in the background (bytes
 taken back first; drafted with again only once the reload signals completion).
@@ -37,13 +37,13 @@ import torch
 from policy import Policy, StepOutcome
 from policy.speculator import Active, Proposal, Speculator, Verified
 
-from ..detokenizer import IncrementalDetokenizer
+from ..generation.detokenizer import IncrementalDetokenizer
 from ..drafters import Drafter
-from ..logits_processors import LogitsProcessor, tokenize_words
-from ..memory import DrafterMemory, KVMemory
-from ..ragged import prefill_groups
-from ..request import GenerationRequest, Limits, admit, chat_prefix
-from ..sequence import Sequence
+from ..generation.logits_processors import LogitsProcessor, tokenize_words
+from .memory import DrafterMemory, KVMemory
+from ..engines.ragged import prefill_groups
+from ..generation.request import GenerationRequest, Limits, admit, chat_prefix
+from ..generation.sequence import Sequence
 from ..server_config import ServerConfig
 from ..wire import ErrorKind
 from . import verifier

@@ -20,11 +20,11 @@ import logging
 import time
 from typing import TYPE_CHECKING, Dict, List, Protocol, Tuple
 
-from ..kv_blocks import BlockPool
+from .kv_blocks import BlockPool
 from .stats import LoopStats
 
 if TYPE_CHECKING:  # torch-free at run time: the scheduler reads a sequence's fields, nothing else
-    from ..sequence import Sequence
+    from ..generation.sequence import Sequence
 
 log = logging.getLogger("specserve.loop")
 

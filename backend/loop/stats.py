@@ -1,5 +1,5 @@
 """What a serving loop has done, counted one way for every service (our EngineLoop and the
-TensorRT-LLM service): the Prometheus publisher (backend/metrics.py) reads these fields."""
+TensorRT-LLM service): the Prometheus publisher (backend/frontend/metrics.py) reads these fields."""
 from __future__ import annotations
 
 from dataclasses import dataclass

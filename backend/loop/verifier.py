@@ -1,5 +1,5 @@
 """What the target made of a sequence's step: the first token after its prefill, and the
-verdict on its draft (lossless acceptance: backend/sampling.py), with the log-probs a request
+verdict on its draft (lossless acceptance: backend/generation/sampling.py), with the log-probs a request
 asked for. Pure computation on one sequence's logits rows: the loop commits the result."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import List, Optional, Sequence as Seq
 
 import torch
 
-from ..sampling import (accept_greedy, accept_sampling, accept_sampling_positional, divergences,
+from ..generation.sampling import (accept_greedy, accept_sampling, accept_sampling_positional, divergences,
                         position_generator, target_probs)
-from ..sequence import Sequence
+from ..generation.sequence import Sequence
 
 LOG_PROB_FLOOR = -103.28  # log(1e-45): a token of probability 0 (outside top-k / top-p) stays finite
 

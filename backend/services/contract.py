@@ -6,10 +6,10 @@ engine of backend/engines/) and TrtllmService (backend/services/trtllm/serving.p
 TensorRT-LLM, which owns its loop). The front ends use these members and nothing else, with no
 probing for optional ones:
 
-    the Triton adapter (backend/triton_adapter.py)   submit, start, stop, limits (checks a whole
+    the Triton adapter (backend/frontend/triton_adapter.py)   submit, start, stop, limits (checks a whole
                                                       batch before any row starts); DrainWatcher:
                                                       drain, idle
-    the metrics publisher (backend/metrics.py)        stats, running, queue_depth, pool,
+    the metrics publisher (backend/frontend/metrics.py)        stats, running, queue_depth, pool,
                                                       max_batch, drafters, add_outcome_listener
 
 tests/services/test_contract.py checks both services against it (members and signatures) and
@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from policy import StepOutcome
 
     from ..loop.stats import LoopStats
-    from ..request import GenerationRequest, Limits
-    from ..sequence import ResponseSink
+    from ..generation.request import GenerationRequest, Limits
+    from ..generation.sequence import ResponseSink
 
 
 @runtime_checkable
@@ -65,7 +65,7 @@ class Service(Protocol):
 
     @property
     def limits(self) -> Limits:
-        """What a request may ask for (max_tokens, max_context): backend.request.validate checks
+        """What a request may ask for (max_tokens, max_context): backend.generation.request.validate checks
         a request against it without submitting it."""
         ...
 
@@ -88,7 +88,7 @@ class Service(Protocol):
         """Nothing in flight (running, waiting or submitted)."""
         ...
 
-    # -- what it reports (backend/metrics.py) ------------------------------------------------
+    # -- what it reports (backend/frontend/metrics.py) ------------------------------------------------
     @property
     def stats(self) -> LoopStats:
         """Cumulative counters and phase times (backend/loop/stats.py)."""

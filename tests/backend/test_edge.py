@@ -1,9 +1,9 @@
-"""The HTTP edge's checks (backend/edge.py), without a server: tests/integration/test_hostile_input.py
+"""The HTTP edge's checks (backend/frontend/edge.py), without a server: tests/integration/test_hostile_input.py
 runs them against the real one."""
 import pytest
 
-from backend.edge import check_generate, status_for_model_error
-from backend.http_body import EdgeError, json_depth, parse_json
+from backend.frontend.edge import check_generate, status_for_model_error
+from backend.frontend.http_body import EdgeError, json_depth, parse_json
 
 TYPES = {"text_input": "TYPE_STRING", "max_tokens": "TYPE_INT32", "random_seed": "TYPE_UINT64",
          "temperature": "TYPE_FP32", "stream": "TYPE_BOOL", "stop_words": "TYPE_STRING"}
@@ -76,7 +76,7 @@ def test_infer_on_a_decoupled_model_goes_to_the_unary_model():
 
     from aiohttp.test_utils import make_mocked_request
 
-    from backend.edge import Edge
+    from backend.frontend.edge import Edge
 
     edge = Edge("http://127.0.0.1:9")
     served = {"llm_unary": {"text_input": "TYPE_STRING"}}
@@ -108,7 +108,7 @@ def test_requests_carry_the_edges_own_id_and_a_client_that_leaves_is_marked(tmp_
     from aiohttp import ClientSession, web
     from aiohttp.test_utils import TestServer
 
-    from backend.edge import REQUEST_ID, REQUEST_ID_HEADER, Edge
+    from backend.frontend.edge import REQUEST_ID, REQUEST_ID_HEADER, Edge
 
     seen, arrived = [], asyncio.Event()
 
@@ -169,7 +169,7 @@ def test_cancel_marks_older_than_a_minute_are_pruned(tmp_path):
     import os
     import time
 
-    from backend.edge import CancelMarks
+    from backend.frontend.edge import CancelMarks
 
     old = tmp_path / ("a" * 32)
     old.touch()

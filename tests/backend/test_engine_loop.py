@@ -6,8 +6,8 @@ import pytest
 from backend.drafters import Drafter
 from backend.loop.engine_loop import prefill_groups
 from backend.engines.torch_llama import TorchLlama
-from backend.request import GenerationRequest, RequestError
-from backend.sampling import SamplingParams
+from backend.generation.request import GenerationRequest, RequestError
+from backend.generation.sampling import SamplingParams
 from loop_helpers import ListSink, greedy, make_loop, run_all
 
 
@@ -78,7 +78,7 @@ def test_drafter_failure_falls_back_to_plain_decoding(engine, tokenizer):
 
 def test_a_seed_reproduces_sampled_text_whatever_the_policy_drafts(checkpoint, tokenizer):
     """Per-position sampling (fp32): plain decoding and n-gram speculation give the same text for a seed."""
-    from backend.request import SamplingParams
+    from backend.generation.request import SamplingParams
     fp32 = TorchLlama(checkpoint, dtype="fp32", max_slots=1, max_context=256)
 
     def run(policy, **kw):
@@ -131,7 +131,7 @@ def test_admission_bound_refuses_at_once_then_admits_again(engine, tokenizer):
     """cfg.max_queue waiting requests: the next is refused (Overloaded) before any work;
     once the queue drains, requests are accepted again."""
     import dataclasses
-    from backend.request import Overloaded
+    from backend.generation.request import Overloaded
     loop = make_loop(engine, tokenizer, "off", max_batch=1)
     loop.cfg = dataclasses.replace(loop.cfg, max_queue=2)
     sinks = [ListSink() for _ in range(3)]

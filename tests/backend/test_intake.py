@@ -2,8 +2,8 @@
 order, before any work on the request."""
 import pytest
 
-from backend.request import GenerationRequest, Limits, Overloaded, RequestError, ShuttingDown, admit
-from backend.sampling import SamplingParams
+from backend.generation.request import GenerationRequest, Limits, Overloaded, RequestError, ShuttingDown, admit
+from backend.generation.sampling import SamplingParams
 from backend.wire import ErrorKind, error_kind
 
 

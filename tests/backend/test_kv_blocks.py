@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backend.kv_blocks import BlockPool, OutOfBlocks, blocks_for_budget, kv_bytes_per_token
+from backend.loop.kv_blocks import BlockPool, OutOfBlocks, blocks_for_budget, kv_bytes_per_token
 
 
 def test_worked_example():

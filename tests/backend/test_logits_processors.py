@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from backend.logits_processors import LogitsProcessor, Penalties
+from backend.generation.logits_processors import LogitsProcessor, Penalties
 
 INF = float("-inf")
 

@@ -5,7 +5,7 @@ accepted, recovered and bonus tokens all occur; the n-gram drafter) and under th
 equals plain decoding with the same settings token for token, on the torch engine (fp32) and on
 the served llama.cpp engine; a seed reproduces sampled text whatever the policy drafts.
 Verification applies the processors row by row with the drafts in the context
-(backend/logits_processors.py): were a row processed without the drafts before it, the oracle's
+(backend/generation/logits_processors.py): were a row processed without the drafts before it, the oracle's
 accepted drafts would change what the penalties see and the outputs would differ."""
 import pytest
 import torch
@@ -13,9 +13,9 @@ import torch
 from backend.drafters import Drafter, make_drafter
 from backend.engines.llama_cpp import LlamaCpp, served_gguf
 from backend.engines.torch_llama import TorchLlama
-from backend.logits_processors import Penalties
-from backend.request import GenerationRequest
-from backend.sampling import SamplingParams
+from backend.generation.logits_processors import Penalties
+from backend.generation.request import GenerationRequest
+from backend.generation.sampling import SamplingParams
 from loop_helpers import make_loop, run_all, served_policy
 from policy.speculator import Draft
 from test_lossless import PROMPTS as BASE

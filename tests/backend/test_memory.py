@@ -4,8 +4,8 @@ from dataclasses import dataclass
 import pytest
 
 from backend.engines.torch_llama import TorchLlama
-from backend.kv_blocks import OutOfBlocks
-from backend.memory import KVMemory
+from backend.loop.kv_blocks import OutOfBlocks
+from backend.loop.memory import KVMemory
 from loop_helpers import greedy, make_loop, run_all
 
 

@@ -1,11 +1,11 @@
-"""backend/metrics.py over the real engine loop, with a stand-in for Triton's metric API.
+"""backend/frontend/metrics.py over the real engine loop, with a stand-in for Triton's metric API.
 
 The real server's exposition is checked in tests/integration/test_metrics_server.py; here the
 values are checked against the loop's own state, step by step."""
 import pytest
 
 from backend.engines.torch_llama import TorchLlama
-from backend.metrics import MetricsPublisher, RequestLog, arm_labels
+from backend.frontend.metrics import MetricsPublisher, RequestLog, arm_labels
 from loop_helpers import greedy, make_loop, run_all
 
 
@@ -103,7 +103,7 @@ def test_iteration_figures_while_running(engine, tokenizer):
     FakePb.series = {}
     loop = make_loop(engine, tokenizer, "off", max_batch=4)
     pub = MetricsPublisher(loop, FakePb, "llm", "1", start=False)
-    from backend.offline import ListSink
+    from backend.loop.offline import ListSink
     reqs = [greedy("Hello there, how are", 20), greedy("One two three four", 20)]
     for r in reqs:
         loop.submit(r, ListSink())

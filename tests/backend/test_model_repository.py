@@ -53,4 +53,4 @@ def test_unary_model_forwards_to_llm_and_is_not_decoupled():
     assert cfg.backend == "python"
     assert cfg.parameters["forward_to"].string_value == "llm"
     model_py = (REPO / "llm_unary" / "1" / "model.py").read_text()
-    assert "from backend.triton_forward import TritonPythonModel" in model_py
+    assert "from backend.frontend.triton_forward import TritonPythonModel" in model_py

@@ -1,8 +1,8 @@
-"""The OpenAI API's request parsing and chat-template rendering (backend/openai_api.py), without a
+"""The OpenAI API's request parsing and chat-template rendering (backend/frontend/openai_api.py), without a
 server: tests/integration/test_openai_api.py runs it against the real one."""
 import pytest
 
-from backend.openai_api import (ApiError, ChatTemplate, TokenPieces, chat_logprobs, completion_logprobs, model_error,
+from backend.frontend.openai_api import (ApiError, ChatTemplate, TokenPieces, chat_logprobs, completion_logprobs, model_error,
                                 parse_chat, parse_completion)
 
 MSG = [{"role": "user", "content": "hi"}]

@@ -1,7 +1,7 @@
 """The client-side metrics parser's worked examples."""
 import doctest
 
-from backend import prometheus_text
+from backend.frontend import prometheus_text
 
 
 def test_docstring_examples():

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from backend.sampling import SamplingParams, accept_greedy, accept_sampling, target_probs
+from backend.generation.sampling import SamplingParams, accept_greedy, accept_sampling, target_probs
 
 
 def test_greedy_worked_example():
@@ -67,7 +67,7 @@ def test_rejection_sampling_preserves_target_distribution(with_q):
 def test_positional_sampling_preserves_p_and_ignores_the_draft():
     """One-hot drafts verified by per-position sampling: emitted tokens ~ p, and the tokens
     do not depend on what was drafted (a seed reproduces its output under any policy)."""
-    from backend.sampling import accept_sampling_positional
+    from backend.generation.sampling import accept_sampling_positional
     p = torch.tensor([[0.30, 0.25, 0.20, 0.15, 0.07, 0.03]] * 3)
     n = 20_000
     counts = [0] * 6
@@ -100,7 +100,7 @@ def test_accept_sampling_counts():
 
 
 def test_divergences_of_a_draft_distribution():
-    from backend.sampling import divergences
+    from backend.generation.sampling import divergences
     p = torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]])
     q = torch.tensor([[0.5, 0.5, 0.0], [0.5, 0.25, 0.25]])
     kl, tv = divergences(p, q)

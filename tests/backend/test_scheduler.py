@@ -5,14 +5,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import List
 
-from backend.kv_blocks import BlockPool
+from backend.loop.kv_blocks import BlockPool
 from backend.loop.scheduler import Scheduler
 from backend.loop.stats import LoopStats
 
 
 @dataclass(eq=False)
 class Seq:
-    """The fields of backend.sequence.Sequence the scheduler reads and writes."""
+    """The fields of backend.generation.sequence.Sequence the scheduler reads and writes."""
     seq_id: int
     prompt_len: int
     arrival_s: float = 0.0

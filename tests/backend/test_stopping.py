@@ -1,4 +1,4 @@
-from backend.stopping import find_stop, holdback
+from backend.generation.stopping import find_stop, holdback
 
 
 def test_find_stop_earliest():

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from backend.engines.torch_llama import TorchLlama
-from backend.logits_processors import Penalties
-from backend.request import GenerationRequest, Limits, RequestError, validate
-from backend.sampling import SamplingParams
+from backend.generation.logits_processors import Penalties
+from backend.generation.request import GenerationRequest, Limits, RequestError, validate
+from backend.generation.sampling import SamplingParams
 from loop_helpers import make_loop, run_all
 from test_lossless import PROMPTS as BASE
 

@@ -52,8 +52,8 @@ def test_served_config_reads_the_repository_and_the_environment(tmp_path):
 def test_the_served_model_drafters_are_built_before_serving(tmp_path, fake_build, monkeypatch):
     """The launcher's pre-flight: drafters the config names and nobody built are built, with the
     preset SPECSERVE_DRAFTER_PRESET names; registered drafters and built ones are left alone."""
-    from backend import launcher
-    from backend.launcher import build_what_is_served
+    from backend.frontend import launcher
+    from backend.frontend.launcher import build_what_is_served
     # its build process, run in this one (so the fake build stands in): the same command line
     monkeypatch.setattr(launcher.subprocess, "run", lambda cmd, **kw: on_demand.main(cmd[3:]))
     drafters = tmp_path / "drafters"

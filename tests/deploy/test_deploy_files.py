@@ -10,7 +10,7 @@
   schemas (kubernetes-validate, shipped offline) for the oldest and newest versions it carries; the
   ServiceMonitor (a CRD) against a minimal schema of the fields used; the tensor-parallel overlay
   applied and validated; the references between objects (selectors, port names, the HPA metric
-  and the prometheus-adapter rule, the metric's name in backend/metrics.py).
+  and the prometheus-adapter rule, the metric's name in backend/frontend/metrics.py).
 * docker/entrypoint.py: the health check against a local HTTP server, the supervisor command `serve` runs.
 """
 from __future__ import annotations
@@ -410,8 +410,8 @@ def third_party_imports(*modules) -> set:
 
 def test_gpu_image_installs_what_the_launcher_the_edge_and_the_trtllm_model_import():
     check_image = load_check_image()
-    imported = third_party_imports("backend.launcher", "backend.edge", "backend.openai_api",
-                                   "backend.triton_adapter", "backend.services.trtllm.serving")
+    imported = third_party_imports("backend.frontend.launcher", "backend.frontend.edge", "backend.frontend.openai_api",
+                                   "backend.frontend.triton_adapter", "backend.services.trtllm.serving")
     assert {"aiohttp", "tritonclient", "jinja2", "torch", "transformers"} <= imported
     provided = {check_image.norm(n) for n in check_image.RELIED_ON} | \
         check_image.requirement_names(DOCKER / "requirements-trtllm.txt")
@@ -442,7 +442,7 @@ def test_gpu_image_serves_through_the_launcher_with_the_images_own_triton(tmp_pa
     assert links == {".cache/triton/pytriton/tritonserver": "/opt/tritonserver",
                      ".cache/triton/backends": "/opt/tritonserver/backends"}
     # the launcher, given that layout, starts the image's tritonserver with the image's backends
-    from backend import launcher
+    from backend.frontend import launcher
     opt = tmp_path / "opt" / "tritonserver"
     (opt / "bin").mkdir(parents=True)
     (opt / "bin" / "tritonserver").write_text("")
@@ -506,7 +506,7 @@ def test_entrypoint_serves_through_the_launcher_on_all_interfaces(entrypoint, mo
     for name in ("SPECSERVE_BIND_ADDRESS", "HTTP_PORT", "GRPC_PORT", "METRICS_PORT"):
         monkeypatch.delenv(name, raising=False)
     cmd = entrypoint.serve_command()
-    assert cmd[:3] == [sys.executable, "-m", "backend.launcher"]
+    assert cmd[:3] == [sys.executable, "-m", "backend.frontend.launcher"]
     assert not any("tritonserver" in a for a in cmd)
     assert cmd[3:] == ["--http-port=8000", "--grpc-port=8001", "--metrics-port=8002",
                        f"--model-repository={entrypoint.ROOT / 'model_repository'}", "--bind-address=0.0.0.0"]
@@ -514,7 +514,7 @@ def test_entrypoint_serves_through_the_launcher_on_all_interfaces(entrypoint, mo
     monkeypatch.setenv("HTTP_PORT", "9000")
     cmd = entrypoint.serve_command()
     assert "--bind-address=127.0.0.1" in cmd and "--http-port=9000" in cmd
-    from backend import launcher  # the launcher reads what the entrypoint passes
+    from backend.frontend import launcher  # the launcher reads what the entrypoint passes
     args = {a.split("=")[0] for a in cmd[3:]}
     src = Path(launcher.__file__).read_text()
     assert all(f'"{a}"' in src for a in args), args
@@ -702,8 +702,8 @@ def test_hpa_scales_the_deployment_on_the_queue_metric_prometheus_adapter_serves
     assert series.group(1) == "specserve_sequences" and 'state="waiting"' in series.group(2)
     assert 'state="waiting"' in rule["metricsQuery"] and "<<.LabelMatchers>>" in rule["metricsQuery"]
     # the server publishes exactly that gauge and label
-    from backend.metrics import SEQUENCE_STATES
-    assert 'name="specserve_sequences"' in (ROOT / "backend" / "metrics.py").read_text()
+    from backend.frontend.metrics import SEQUENCE_STATES
+    assert 'name="specserve_sequences"' in (ROOT / "backend" / "frontend" / "metrics.py").read_text()
     assert SEQUENCE_STATES == ("running", "waiting")
 
 

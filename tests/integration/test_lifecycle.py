@@ -1,6 +1,6 @@
 """The server's lifecycle under the launcher (issue 20): a clean stop under load, a restart
 after Triton dies, a clean start after the launcher itself was killed, and no admin key on any
-command line. Each test starts its own server (backend/launcher.py) with small limits."""
+command line. Each test starts its own server (backend/frontend/launcher.py) with small limits."""
 import http.client
 import json
 import os
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.launcher import SHM_PREFIX, TRITON_STOP_S, Ports, _alive, _stubs, start_server
+from backend.frontend.launcher import SHM_PREFIX, TRITON_STOP_S, Ports, _alive, _stubs, start_server
 from test_server import Stream, grpc_generate
 
 DRAIN_S = 3

@@ -14,14 +14,14 @@ import pytest
 
 from backend.drafters import make_drafter
 from backend.loop.stats import LoopStats
-from backend.metrics import COUNTERS, PHASES
-from backend.offline import make_loop
-from backend.request import Limits
+from backend.frontend.metrics import COUNTERS, PHASES
+from backend.loop.offline import make_loop
+from backend.generation.request import Limits
 from backend.services import Service
 from policy import make_policy
 
 ROOT = Path(__file__).resolve().parents[2]
-FRONT_ENDS = [ROOT / "backend" / "triton_adapter.py", ROOT / "backend" / "metrics.py"]
+FRONT_ENDS = [ROOT / "backend" / "frontend" / "triton_adapter.py", ROOT / "backend" / "frontend" / "metrics.py"]
 MEMBERS = {n: v for n, v in vars(Service).items() if not n.startswith("_")}
 
 

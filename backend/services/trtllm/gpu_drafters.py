@@ -36,7 +36,7 @@ from ...drafters.artifacts import find_artifact, not_built
 from ...drafters.feature import is_feature_drafter
 from ...drafters.model import ModelDrafter
 from ...engines.torch_llama import TorchLlama
-from ...memory import DrafterMemory
+from ...loop.memory import DrafterMemory
 from ...server_config import ServerConfig
 
 log = logging.getLogger("specserve.trtllm")

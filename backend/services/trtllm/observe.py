@@ -1,7 +1,7 @@
 """What the TensorRT-LLM service reports: the metrics side of the Service contract
 (backend/services/contract.py), as our EngineLoop reports it. NOT YET RUN ON A GPU.
 
-MetricsPublisher(service, ...) (backend/metrics.py) reads `service.stats` (a LoopStats, counted
+MetricsPublisher(service, ...) (backend/frontend/metrics.py) reads `service.stats` (a LoopStats, counted
 by `LoopStats.count_step` as the loop counts it), `service.running` (its length),
 `service.queue_depth`, `service.pool` (num_blocks, num_free, block_size), `service.max_batch`
 and `service.drafters`, and hears every step through `service.add_outcome_listener`

@@ -13,7 +13,7 @@ Written against TensorRT-LLM 1.2.x; exercised here only with a fake `tensorrt_ll
 * `TrtllmService`: a Service (backend/services/contract.py), as our EngineLoop is: what the
   Triton adapter drives (`submit(GenerationRequest, sink)`, `limits`, `start()`, `stop()`,
   `drain()`, `idle`) and what the metrics publisher reads (observe.py). Requests are tokenized, checked, stopped and detokenized by the same code as
-  on the CPU (`backend.request`, `backend.sequence`: EOS, max_tokens, context limit, stop words
+  on the CPU (`backend.generation.request`, `backend.generation.sequence`: EOS, max_tokens, context limit, stop words
   with held-back text, incremental UTF-8 detokenizing, finish_reason, exclude_input_in_output),
   so clients cannot tell which engine serves them. TensorRT-LLM only generates token ids
   (`detokenize=False`); stop words are matched on our text, and the request is aborted when one
@@ -35,10 +35,10 @@ from policy.external import IterationDrafter
 from policy.speculator import Speculator
 from policy.types import StepOutcome
 
-from ...detokenizer import IncrementalDetokenizer
+from ...generation.detokenizer import IncrementalDetokenizer
 from ...loop.stats import LoopStats
-from ...request import GenerationRequest, Limits, admit, prompt_ids
-from ...sequence import Sequence
+from ...generation.request import GenerationRequest, Limits, admit, prompt_ids
+from ...generation.sequence import Sequence
 from ...server_config import ServerConfig
 from ...wire import ErrorKind
 from . import _api, llm_config
@@ -176,7 +176,7 @@ class TrtllmService:
         return cls(llm, drafter, tok, Limits(max_tokens=cfg.max_tokens_limit, max_context=cfg.max_context),
                    frozenset(eos_ids), max_batch=cfg.max_batch, max_queue=cfg.max_queue or 4 * cfg.max_batch)
 
-    # -- what the metrics publisher reads (backend/metrics.py; observe.py) ------------------------
+    # -- what the metrics publisher reads (backend/frontend/metrics.py; observe.py) ------------------------
     def _outcome(self, outcome: StepOutcome) -> None:  # TensorRT-LLM's executor thread, once per iteration
         self._counts.outcome(outcome)
         for listener in self._listeners:
@@ -240,7 +240,7 @@ class TrtllmService:
         return not self._tasks
 
     def drain(self, seconds: float) -> None:
-        """Shutdown begins (backend/triton_adapter.py DrainWatcher): refuse new requests at once, let
+        """Shutdown begins (backend/frontend/triton_adapter.py DrainWatcher): refuse new requests at once, let
         those in flight run for `seconds`, then end them with a final error."""
         if self._draining:
             return

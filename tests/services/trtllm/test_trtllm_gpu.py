@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.offline import ListSink
-from backend.request import GenerationRequest
+from backend.loop.offline import ListSink
+from backend.generation.request import GenerationRequest
 from backend.server_config import ServerConfig
 
 pytestmark = pytest.mark.gpu

@@ -12,8 +12,8 @@ import torch
 
 from backend.engines.torch_llama import TorchLlama
 from backend.services.trtllm.gpu_drafters import DrafterMemory, GpuModelDrafter, Placement
-from backend.offline import ListSink
-from backend.request import GenerationRequest
+from backend.loop.offline import ListSink
+from backend.generation.request import GenerationRequest
 from backend.server_config import ServerConfig
 from policy.types import MemoryAction
 
@@ -103,7 +103,7 @@ def test_served_through_the_fake_trtllm_the_policy_parks_and_reloads_and_output_
     from tensorrt_llm import _fake
 
     from backend.services.trtllm.serving import TrtllmService
-    from backend.offline import make_loop, run_all
+    from backend.loop.offline import make_loop, run_all
     from fake_executor import FakePyExecutor
 
     _fake.EXECUTOR_FACTORY = lambda llm: FakePyExecutor(trt_engine, llm.drafter, 4)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.offline import ListSink, make_loop, run_all
-from backend.request import GenerationRequest, RequestError
+from backend.loop.offline import ListSink, make_loop, run_all
+from backend.generation.request import GenerationRequest, RequestError
 from backend.server_config import ServerConfig
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -144,7 +144,7 @@ def test_the_engine_setting_selects_the_trtllm_service(monkeypatch, checkpoint):
         ServerConfig.load({"engine": "vllm"}, env={})
 
 
-# -- metrics: the service feeds the same publisher as the CPU loop (backend/metrics.py) -------------------------
+# -- metrics: the service feeds the same publisher as the CPU loop (backend/frontend/metrics.py) -------------------------
 class RecordingPb:
     """The part of triton_python_backend_utils the publisher uses: every series' value by (name, labels)."""
 
@@ -184,7 +184,7 @@ class _Series:
 
 def test_the_metrics_publisher_reads_the_service(served, tokenizer):
     from backend.services.trtllm.drafter import Iteration
-    from backend.metrics import MetricsPublisher, RequestLog
+    from backend.frontend.metrics import MetricsPublisher, RequestLog
 
     svc, ex = served
     pb = RecordingPb()
@@ -220,7 +220,7 @@ def test_the_metrics_publisher_reads_the_service(served, tokenizer):
 
 
 def test_the_service_drains_like_the_engine_loop(served):
-    from backend.request import ShuttingDown
+    from backend.generation.request import ShuttingDown
     svc, _ = served
     assert svc.idle
     sink = ListSink()

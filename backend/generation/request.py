@@ -8,7 +8,7 @@ from typing import FrozenSet, List, Optional, Sequence
 
 from .logits_processors import Penalties
 from .sampling import SamplingParams
-from .wire import ErrorKind
+from ..wire import ErrorKind
 
 
 MIN_TEMPERATURE = 1e-6  # smallest positive temperature: logits / t stays finite in float32

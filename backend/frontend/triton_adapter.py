@@ -24,14 +24,14 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from .metrics import MetricsPublisher, RequestLog
-from .logits_processors import Penalties
-from .request import GenerationRequest, Overloaded, RequestError, decode_utf8, validate
-from .sampling import SamplingParams
-from .sequence import Chunk
-from .server_config import ServerConfig
-from .services import Service
-from .services.build import build_service
-from .wire import REQUEST_ID, ErrorKind
+from ..generation.logits_processors import Penalties
+from ..generation.request import GenerationRequest, Overloaded, RequestError, decode_utf8, validate
+from ..generation.sampling import SamplingParams
+from ..generation.sequence import Chunk
+from ..server_config import ServerConfig
+from ..services import Service
+from ..services.build import build_service
+from ..wire import REQUEST_ID, ErrorKind
 
 log = logging.getLogger("specserve")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -167,7 +167,7 @@ class ResponseGroup:
 
 
 def cancel_mark(request) -> Optional[str]:
-    """The file the HTTP edge creates if this request's client leaves (backend/edge.py CancelMarks),
+    """The file the HTTP edge creates if this request's client leaves (backend/frontend/edge.py CancelMarks),
     or None: no edge id (gRPC, or a server without the edge)."""
     directory = os.environ.get("SPECSERVE_CANCEL_DIR")
     if not directory:
@@ -273,7 +273,7 @@ class TritonSink:
     def __init__(self, sender, requests=None, batch_index=None, sequence_index=None,
                  writer: Optional[ResponseWriter] = None):
         self.sender, self.batch_index, self.sequence_index = sender, batch_index, sequence_index
-        self.requests = requests  # backend.metrics.RequestLog: error reasons, answered token counts, latencies
+        self.requests = requests  # backend.frontend.metrics.RequestLog: error reasons, answered token counts, latencies
         self.received_s, self.first_s = time.monotonic(), None
         self.writer, self.failed = writer, False
 
@@ -318,7 +318,7 @@ class TritonSink:
 
 
 class DrainWatcher:
-    """Shutdown begins when the launcher (backend/launcher.py) writes the file named by
+    """Shutdown begins when the launcher (backend/frontend/launcher.py) writes the file named by
     SPECSERVE_DRAIN_FILE, holding the seconds in-flight requests may still run. From then on
     the model refuses new requests on every protocol (UNAVAILABLE, "server shutting down"),
     and the service lets those in flight finish for that long, then fails the rest; once nothing
@@ -365,7 +365,7 @@ class TritonPythonModel:
         if not pb_utils.using_decoupled_model_transaction_policy(model_config):
             raise pb_utils.TritonModelException("this model must be decoupled (model_transaction_policy)")
         params = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
-        self.root = Path(params.pop("project_root", "") or Path(__file__).resolve().parents[1])
+        self.root = Path(params.pop("project_root", "") or Path(__file__).resolve().parents[2])
         self.cfg = ServerConfig.load(params)
         log.info("config: %s", self.cfg)
         self.service: Service = build_service(self.cfg, self.root)

@@ -5,9 +5,9 @@ from typing import Dict, List
 
 from policy import make_policy
 
-from .drafters import make_drafter
-from .loop.engine_loop import EngineLoop, LoopConfig
-from .request import Limits
+from ..drafters import make_drafter
+from .engine_loop import EngineLoop, LoopConfig
+from ..generation.request import Limits
 
 TRACE_LEN = 10_000  # step outcomes an offline loop keeps in memory (loop.trace) for its caller to read
 

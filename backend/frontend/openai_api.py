@@ -1,6 +1,6 @@
 """An OpenAI-compatible API on the HTTP edge: /v1/chat/completions, /v1/completions, /v1/models.
 
-Mounted by backend/edge.py on the edge's port (8000); it speaks to Triton's `llm` model over
+Mounted by backend/frontend/edge.py on the edge's port (8000); it speaks to Triton's `llm` model over
 gRPC streaming with tritonclient's asyncio client, so every OpenAI request joins the same
 continuously batched engine loop as the Triton protocols. A chat request's messages are
 rendered with the served checkpoint's own chat template (`chat_template.jinja` or
@@ -30,10 +30,10 @@ import numpy as np
 from aiohttp import web
 
 from .http_body import EdgeError
-from .wire import ErrorKind, error_kind
+from ..wire import ErrorKind, error_kind
 
 log = logging.getLogger("specserve.openai")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MAX_N = 8
 MAX_TOP_LOGPROBS, MAX_COMPLETION_LOGPROBS = 20, 5  # OpenAI's limits (chat top_logprobs, completions logprobs)
 ENGINE_MODEL = "llm"  # the Triton model every OpenAI request runs on
@@ -113,7 +113,7 @@ def parse_common(body, allowed: set) -> dict:
     p = {"model": body["model"], "temperature": _number(body, "temperature", 0.0, 2.0), "top_p": _number(body, "top_p", 0.0, 1.0),
          "seed": _integer(body, "seed", 0, 2**64 - 1 - MAX_N), "n": _integer(body, "n", 1, MAX_N) or 1}
     p["temperature"] = 1.0 if p["temperature"] is None else p["temperature"]
-    # TensorRT-LLM's presence / frequency penalties (backend/logits_processors.py: prompt tokens count too)
+    # TensorRT-LLM's presence / frequency penalties (backend/generation/logits_processors.py: prompt tokens count too)
     p["presence_penalty"] = _number(body, "presence_penalty", -2.0, 2.0)
     p["frequency_penalty"] = _number(body, "frequency_penalty", -2.0, 2.0)
     stop = body.get("stop")
@@ -327,7 +327,7 @@ class OpenAIApi:
         return config
 
     async def _checkpoint(self) -> Path:
-        from .server_config import ServerConfig
+        from ..server_config import ServerConfig
         params = {k: v["string_value"] for k, v in (await self._config()).get("parameters", {}).items()}
         root = Path(params.pop("project_root", "") or ROOT)
         cfg = ServerConfig.load(params)

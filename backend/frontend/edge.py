@@ -1,5 +1,5 @@
 """The HTTP edge: the one HTTP port clients reach; Triton's own HTTP listens behind it on a
-private loopback port (started by backend/launcher.py).
+private loopback port (started by backend/frontend/launcher.py).
 
 Triton 2.51's HTTP front end has no request-size or nesting limit, and dies (SIGSEGV) on some
 bodies of about 4 MiB and on JSON nested 40,000 deep (issue 20), and it answers 500 for
@@ -39,7 +39,7 @@ from typing import Optional
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
 from .http_body import EdgeError, parse_json, read_body
-from .wire import ADMIN_HEADER, REQUEST_ID, REQUEST_ID_HEADER, REQUEST_ID_NAMES, ErrorKind, error_kind
+from ..wire import ADMIN_HEADER, REQUEST_ID, REQUEST_ID_HEADER, REQUEST_ID_NAMES, ErrorKind, error_kind
 
 log = logging.getLogger("specserve.edge")
 
@@ -55,9 +55,9 @@ INFER = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?/infer$")
 UNARY_ROUTES = {"llm": "llm_unary", "ensemble": "llm_unary", "tensorrt_llm_bls": "llm_unary"}
 INFER_HEADER = "Inference-Header-Content-Length"
 # The edge's own id of a request the model computes (backend/wire.py). Triton 2.51 forwards headers
-# (--http-header-forward-pattern, backend/launcher.py) as request parameters on /infer only, not on
+# (--http-header-forward-pattern, backend/frontend/launcher.py) as request parameters on /infer only, not on
 # /generate: there the id goes into the body's "parameters". llm_unary passes it on to llm
-# (backend/triton_forward.py), whose response sender watches for its cancel mark (backend/triton_adapter.py).
+# (backend/frontend/triton_forward.py), whose response sender watches for its cancel mark (backend/frontend/triton_adapter.py).
 
 _INT_RANGES = {f"TYPE_INT{b}": (-(1 << (b - 1)), (1 << (b - 1)) - 1) for b in (8, 16, 32, 64)}
 _INT_RANGES.update({f"TYPE_UINT{b}": (0, (1 << b) - 1) for b in (8, 16, 32, 64)})
@@ -146,7 +146,7 @@ def error_response(status: int, message: str, stream: bool = False) -> web.Respo
 
 class CancelMarks:
     """The cancel marks of one server: an empty file named by a request's id in `directory` (made
-    by backend/launcher.py, SPECSERVE_CANCEL_DIR) says that its HTTP client has gone. The model
+    by backend/frontend/launcher.py, SPECSERVE_CANCEL_DIR) says that its HTTP client has gone. The model
     polls for it like for a gRPC cancel and removes it when the request ends; marks it never
     removes (the request had already ended, or its last send failed) are pruned here after a minute."""
 
@@ -181,7 +181,7 @@ class Edge:
         self.draining = draining
         # The client's ADMIN_HEADER is checked here against admin_key and never passed on; Triton
         # (behind, on loopback) gets upstream_admin_key instead, so the admin key never appears on
-        # any command line (backend/launcher.py).
+        # any command line (backend/frontend/launcher.py).
         self.admin_key, self.upstream_admin_key = admin_key, upstream_admin_key
         self.grpc_upstream = grpc_upstream  # Triton's gRPC, e.g. 127.0.0.1:8001: serves the OpenAI API
         self.max_body_bytes, self.max_depth = max_body_bytes, max_depth
@@ -192,7 +192,7 @@ class Edge:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes + 1,  # the handler reads; this is a backstop
                               middlewares=[self._refuse_while_draining])
-        if self.grpc_upstream:  # /v1/...: backend/openai_api.py, before the catch-all
+        if self.grpc_upstream:  # /v1/...: backend/frontend/openai_api.py, before the catch-all
             from .openai_api import OpenAIApi
             OpenAIApi(self, self.grpc_upstream).mount(app)
         app.router.add_route("*", "/{tail:.*}", self.handle)

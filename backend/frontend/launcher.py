@@ -1,9 +1,9 @@
 """Start the real Triton Inference Server (from the nvidia-pytriton wheel) on loopback.
 
-    python -m backend.launcher [--http-port 8000 --grpc-port 8001 --metrics-port 8002]
+    python -m backend.frontend.launcher [--http-port 8000 --grpc-port 8001 --metrics-port 8002]
 
 Used by scripts/serve.sh and by the integration tests (`start_server`). This process stays
-as the server's supervisor and HTTP edge (backend/edge.py): clients' HTTP reaches the edge on
+as the server's supervisor and HTTP edge (backend/frontend/edge.py): clients' HTTP reaches the edge on
 --http-port, which enforces the body-size and nesting limits and forwards to Triton's own
 HTTP on a private loopback port. gRPC and metrics are Triton's. Model control, the
 repository index, shared-memory registration, logging and trace settings are restricted
@@ -41,15 +41,15 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from .wire import ADMIN_HEADER, REQUEST_ID_HEADER
+from ..wire import ADMIN_HEADER, REQUEST_ID_HEADER
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRITON = ROOT / ".cache" / "triton"
 
 
 @dataclass
 class Ports:
-    http: int = 8000  # what clients reach: the edge (backend/edge.py)
+    http: int = 8000  # what clients reach: the edge (backend/frontend/edge.py)
     grpc: int = 8001
     metrics: int = 8002
     triton_http: int = 0  # Triton's own HTTP behind the edge; 0 = Triton serves `http` itself (no edge)
@@ -132,7 +132,7 @@ def start_server(model_repository: Path = ROOT / "model_repository", ports: Port
     (process, ports) once it is ready (ready_timeout_s includes what it builds on demand first).
     proc.terminate() is a clean shutdown."""
     ports = ports or Ports(free_port(), free_port(), free_port())
-    cmd = [sys.executable, "-m", "backend.launcher", f"--http-port={ports.http}", f"--grpc-port={ports.grpc}",
+    cmd = [sys.executable, "-m", "backend.frontend.launcher", f"--http-port={ports.http}", f"--grpc-port={ports.grpc}",
            f"--metrics-port={ports.metrics}", f"--model-repository={model_repository}"]
     proc = subprocess.Popen(cmd, env=dict(os.environ, **(env or {})), cwd=ROOT,
                             stdout=log_file or subprocess.DEVNULL, stderr=subprocess.STDOUT)
@@ -263,7 +263,7 @@ def stop_orphan_servers(ports: Ports, timeout_s: float = TRITON_STOP_S) -> int:
             continue
         argv = _proc_argv(int(d.name))
         if argv and Path(argv[0]).name == "tritonserver" and flags & set(argv) and \
-                "backend.launcher" not in _proc_argv(_ppid(int(d.name))):
+                "backend.frontend.launcher" not in _proc_argv(_ppid(int(d.name))):
             found.append(int(d.name))
     for pid in found:
         try:
@@ -302,7 +302,7 @@ class Supervisor:
         self.drain_s, self.max_restarts, self.restart_window_s = drain_s, max_restarts, restart_window_s
         self.workdir = Path(tempfile.mkdtemp(prefix="specserve-"))
         self.drain_file = self.workdir / "drain"
-        # The edge marks requests whose HTTP client left here; the model polls the marks (backend/edge.py
+        # The edge marks requests whose HTTP client left here; the model polls the marks (backend/frontend/edge.py
         # CancelMarks). Removed with the workdir at exit.
         self.cancel_dir = self.workdir / "cancelled"
         self.cancel_dir.mkdir()
@@ -509,7 +509,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-json-depth", type=int, default=int(os.environ.get("SPECSERVE_MAX_JSON_DEPTH") or MAX_DEPTH),
                     help="deepest JSON nesting in an HTTP request (400 beyond)")
     args = ap.parse_args(argv)
-    from .server_config import unknown_env
+    from ..server_config import unknown_env
     for message in unknown_env():  # a misspelt setting would otherwise be silently ignored
         print(message, flush=True)
     build_what_is_served(args.model_repository)

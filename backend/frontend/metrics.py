@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
-    from .services import Service
+    from ..services import Service
 
 log = logging.getLogger("specserve")
 
@@ -35,7 +35,7 @@ log = logging.getLogger("specserve")
 TOKEN_LEN_BUCKETS = [10.0, 50.0, 100.0, 500.0, 1000.0]
 # Seconds, for time to first response and request duration (CPU steps are tens of ms).
 LATENCY_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]
-# pb_utils.TritonError code names (as backend/triton_adapter.py sends them) -> reason label.
+# pb_utils.TritonError code names (as backend/frontend/triton_adapter.py sends them) -> reason label.
 REJECT_REASONS = {"INVALID_ARG": "invalid", "UNAVAILABLE": "unavailable", "INTERNAL": "internal"}
 
 COUNTERS = {  # metric name -> (LoopStats field, help)
