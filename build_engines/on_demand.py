@@ -9,6 +9,7 @@ here when a served config, a test or a benchmark first needs it, or all at once 
     python -m build_engines.on_demand profile --engine torch              # another engine's profile
     python -m build_engines.on_demand loadtools                           # perf_analyzer, genai-perf
     python -m build_engines.on_demand served                              # what the served config names
+    python -m build_engines.on_demand llama-server                        # llama.cpp's own server (bench peer)
 
 Everything lands under .cache/ and is built once: each build holds a file lock, so two
 processes that need the same thing (the launcher and a test, say) build it once, and an
@@ -125,6 +126,15 @@ def load_tool(name: str) -> Path:
     return tool
 
 
+def llama_server() -> Path:
+    """llama.cpp's own server binary, the benchmark's peer (bench/bench_peer.py), built now from the
+    pinned llama-cpp-python sdist's vendored sources (scripts/build_llama_server.sh) if not cached."""
+    with build_lock(CACHE, "llama-server"):
+        out = subprocess.run(["bash", str(ROOT / "scripts" / "build_llama_server.sh")], check=True,
+                             stdout=subprocess.PIPE, text=True).stdout  # its progress goes to stderr
+    return Path(out.strip().splitlines()[-1])
+
+
 def served_needs(cfg, root: Path) -> Tuple[List[str], List[Tuple[str, Path]]]:
     """What the served config names that is not built: (model drafters, [(engine, profile)])."""
     from backend.drafters.artifacts import find_artifact
@@ -177,6 +187,7 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     p.add_argument("--engine", choices=("llama.cpp", "torch"), default="llama.cpp")
     p.add_argument("--budget-s", type=float, default=None, help="default: SPECSERVE_PROFILE_BUDGET_S, else 120")
     sub.add_parser("loadtools", help="perf_analyzer and genai-perf")
+    sub.add_parser("llama-server", help="llama.cpp's own server, the peer of bench/bench_peer.py")
     s = sub.add_parser("served", help="what the served config (model_repository/llm, SPECSERVE_*) names")
     s.add_argument("--model-repository", type=Path, default=ROOT / "model_repository")
     a = ap.parse_args(list(argv) if argv is not None else None)
@@ -188,6 +199,8 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     elif a.what == "loadtools":
         for name in ("perf_analyzer", "genai-perf"):
             log(f"{name}: {load_tool(name)}")
+    elif a.what == "llama-server":
+        log(f"llama-server: {llama_server()}")
     else:
         ensure_served(served_config(a.model_repository), ROOT)
     return 0

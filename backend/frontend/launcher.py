@@ -111,11 +111,16 @@ def server_env(extra: dict | None = None) -> dict:
 
 
 def wait_ready(ports: Ports, proc: subprocess.Popen, timeout_s: float = 180.0) -> None:
+    wait_http_ok(f"http://127.0.0.1:{ports.http}/v2/health/ready", proc, timeout_s, "tritonserver")
+
+
+def wait_http_ok(url: str, proc: subprocess.Popen, timeout_s: float, name: str) -> None:
+    """Poll `url` until it answers 200 (a server that is loading answers otherwise or not at all);
+    RuntimeError if `proc` exits first, TimeoutError after timeout_s."""
     deadline = time.time() + timeout_s
-    url = f"http://127.0.0.1:{ports.http}/v2/health/ready"
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"tritonserver exited with code {proc.returncode} before becoming ready")
+            raise RuntimeError(f"{name} exited with code {proc.returncode} before becoming ready")
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
                 if r.status == 200:
@@ -123,7 +128,7 @@ def wait_ready(ports: Ports, proc: subprocess.Popen, timeout_s: float = 180.0) -
         except OSError:
             pass
         time.sleep(0.5)
-    raise TimeoutError(f"tritonserver not ready after {timeout_s:.0f} s")
+    raise TimeoutError(f"{name} not ready after {timeout_s:.0f} s")
 
 
 def start_server(model_repository: Path = ROOT / "model_repository", ports: Ports | None = None,
