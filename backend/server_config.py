@@ -49,6 +49,10 @@ class ServerConfig:
     # each copy writes a whole 2,048-cell stream, so RSS grows towards the full KV allocation
     # (+57 MiB in the 60 s soak test, bounded, but indistinguishable from a leak there).
     reuse_prefix: bool = False
+    # llama.cpp: KV streams keeping the cells of finished requests; a prompt that starts with the same
+    # tokens (a chat's next turn, a resent document) copies the longest shared prefix instead of
+    # prefilling it (bit-identical; backend/loop/retained.py). 0 = no reuse across requests.
+    kv_reuse_streams: int = 8
     # engine trtllm (GPU; not yet run on one): TensorRT-LLM's tensor parallelism over this many GPUs
     tensor_parallel_size: int = 1
     # engine trtllm: the LLM-API settings file (build_engines/prepare_trtllm.py writes it);

@@ -155,9 +155,14 @@ class LlamaCpp:
     supports_hidden = False  # the contract's hidden states are not read back from llama.cpp
 
     def __init__(self, gguf: str | Path, *, max_slots: int = 8, max_context: int = 2048, threads: int = 0,
-                 kv_type: str = "q8_0", pad_ragged: bool = True, n_batch: int = 512, prefix_stream: bool = False):
+                 kv_type: str = "q8_0", pad_ragged: bool = True, n_batch: int = 512, prefix_stream: bool = False,
+                 retain_streams: int = 0):
         """prefix_stream: one more KV stream, beside the slots, holding a prefix many prompts share
-        (`set_prefix`), copied into a slot instead of prefilled again (`load_prefix`)."""
+        (`set_prefix`), copied into a slot instead of prefilled again (`load_prefix`).
+        retain_streams: that many more, keeping the cells of sequences that left (`retain`) for a
+        later prompt that starts with the same tokens (`restore`)."""
+        if retain_streams < 0:
+            raise ValueError(f"retain_streams must be >= 0, got {retain_streams}")
         if kv_type not in KV_TYPES:
             raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
         if kv_type == "f16":
@@ -188,7 +193,7 @@ class LlamaCpp:
         self.kv_type, self.pad_ragged = kv_type, pad_ragged
         self.threads = threads if threads > 0 else (os.cpu_count() or 1)
         cp = ll.llama_context_default_params()
-        streams = max_slots + (1 if prefix_stream else 0)
+        streams = max_slots + retain_streams + (1 if prefix_stream else 0)
         cp.n_ctx = streams * max_context
         cp.n_batch = cp.n_ubatch = n_batch
         cp.n_seq_max = streams
@@ -208,8 +213,9 @@ class LlamaCpp:
         self._cells_per_slot = ll.llama_n_ctx_seq(self._ctx)
         self.n_batch = n_batch
         self._batch = ll.llama_batch_init(n_batch, 0, 1)
-        self._lens = [0] * streams  # each slot's cached length (and the prefix stream's, last)
-        self._prefix_slot = max_slots if prefix_stream else None
+        self._lens = [0] * streams  # each slot's cached length, then the retained streams', then the prefix's
+        self.retain_streams = retain_streams
+        self._prefix_slot = max_slots + retain_streams if prefix_stream else None
         self._prefix_tokens: List[int] = []
 
     # -- the contract's metadata -----------------------------------------------------
@@ -357,6 +363,35 @@ class LlamaCpp:
         self._ll.llama_memory_seq_cp(self._mem, s, slot, -1, -1)
         self._lens[slot] = self._lens[s]
         return self._lens[slot]
+
+    # -- cells kept after a sequence left (not in the contract) --------------------------
+    def retain(self, slot: int, stream: int, length: int) -> None:
+        """Retained stream `stream` (0..retain_streams-1) keeps the first `length` cells of `slot`
+        (a whole-stream copy, then cut): bit for bit what a prefill of the same tokens caches."""
+        check_slot(self, slot)
+        s = self._retained(stream)
+        if not 0 < length <= self._lens[slot]:
+            raise ValueError(f"retain length {length} is outside [1, {self._lens[slot]}] (slot {slot}'s length)")
+        self._seq_rm(s, 0)
+        self._ll.llama_memory_seq_cp(self._mem, slot, s, -1, -1)
+        self._lens[s] = self._lens[slot]
+        self._seq_rm(s, length)
+
+    def restore(self, stream: int, slot: int, length: int) -> None:
+        """Slot `slot` becomes the first `length` cells of retained stream `stream`, which keeps them."""
+        check_slot(self, slot)
+        s = self._retained(stream)
+        if not 0 < length <= self._lens[s]:
+            raise ValueError(f"restore length {length} is outside [1, {self._lens[s]}] (stream {stream}'s length)")
+        self._seq_rm(slot, 0)
+        self._ll.llama_memory_seq_cp(self._mem, s, slot, -1, -1)
+        self._lens[slot] = self._lens[s]
+        self._seq_rm(slot, length)
+
+    def _retained(self, stream: int) -> int:
+        if not 0 <= stream < self.retain_streams:
+            raise ValueError(f"retained stream {stream} is outside [0, {self.retain_streams})")
+        return self.max_slots + stream
 
     def copy_slot(self, src: int, dst: int) -> None:
         """dst becomes a copy of src (both keep it). Not in the contract: the cost profiler

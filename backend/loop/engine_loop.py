@@ -47,6 +47,7 @@ from ..generation.sequence import Sequence
 from ..server_config import ServerConfig
 from ..wire import ErrorKind
 from . import verifier
+from .retained import RetainedPrompts
 from .scheduler import Piece, Scheduler
 from .stats import LoopStats
 
@@ -73,6 +74,9 @@ class LoopConfig:
     # Prompts that start with the chat template's shared tokens copy them from a stream the engine
     # keeps (llama.cpp's prefix_stream) instead of prefilling them: bit-identical, ~17% of a prompt.
     reuse_prefix: bool = ServerConfig.reuse_prefix
+    # Finished sequences' cells are kept in the engine's retained streams (llama.cpp's retain_streams)
+    # for later prompts that start with the same tokens (backend/loop/retained.py).
+    reuse_kv: bool = True
 
     @classmethod
     def from_server(cls, cfg: ServerConfig) -> "LoopConfig":
@@ -82,7 +86,7 @@ class LoopConfig:
                    tpot_slo_s=cfg.tpot_slo_ms / 1000 if cfg.tpot_slo_ms > 0 else None,
                    kv_budget_bytes=cfg.kv_budget_mb * 2**20 if cfg.kv_budget_mb > 0 else None,
                    max_queue=cfg.max_queue or 4 * cfg.max_batch, prefill_chunk=cfg.prefill_chunk, trace_len=0,
-                   reuse_prefix=cfg.reuse_prefix)
+                   reuse_prefix=cfg.reuse_prefix, reuse_kv=cfg.kv_reuse_streams > 0)
 
 
 class EngineLoop:
@@ -102,12 +106,15 @@ class EngineLoop:
         if self.feature_drafters and not engine.supports_hidden:
             raise ValueError(f"drafters {[d.name for d in self.feature_drafters]} read the target's features; "
                              f"engine {engine.name} does not return them")
-        budget = config.kv_budget_bytes or KVMemory.budget_for(
-            config.max_batch * config.limits.max_context, engine.kv_bytes_per_token, self.model_drafters)
+        streams = getattr(engine, "retain_streams", 0) if config.reuse_kv and not self.feature_drafters else 0
+        budget = config.kv_budget_bytes or KVMemory.budget_for(  # retained streams are memory of their own
+            (config.max_batch + streams) * config.limits.max_context, engine.kv_bytes_per_token, self.model_drafters)
         self.memory = KVMemory(budget, engine.kv_bytes_per_token, self.model_drafters)
         self.drafter_memory = DrafterMemory(self.model_drafters, ledger=self.memory)
         self.stats = LoopStats()
-        self.scheduler = Scheduler(config.max_batch, config.prefill_chunk, self.memory.pool, engine, self.stats)
+        self.retained = RetainedPrompts(streams, self.memory.pool) if streams else None
+        self.scheduler = Scheduler(config.max_batch, config.prefill_chunk, self.memory.pool, engine, self.stats,
+                                   reclaim=self.retained.evict_one if self.retained else None)
         self.spec = Speculator(policy, drafters, clock=clock, drafter_blocks=self.memory.drafter_blocks,
                                on_outcome=self._record, lookahead=True)
         self.inbox: "queue.Queue[Sequence]" = queue.Queue()
@@ -118,6 +125,7 @@ class EngineLoop:
         self._drain_deadline: Optional[float] = None  # self.clock() time; set by drain() (shutdown)
         self._thread: Optional[threading.Thread] = None
         self.prefix_ids: List[int] = []
+        self._retained_now: List[tuple] = []  # (stream, tokens) copied this emission, accounted after release
         if config.reuse_prefix and getattr(engine, "supports_prefix", False) and not self.feature_drafters:
             self.prefix_ids = chat_prefix(tokenizer)[: config.limits.max_context // 2]
             if self.prefix_ids:
@@ -293,11 +301,15 @@ class EngineLoop:
         self._emit([s for s in done if s not in failed])
 
     def _load_prefixes(self) -> None:
-        """Prompts starting with the chat template's shared tokens copy their cells from the
-        engine's prefix stream instead of prefilling them."""
+        """A new prompt starts from cached cells where it can: the longest prefix it shares with a
+        finished sequence's retained cells, or the chat template's shared first tokens from the
+        engine's prefix stream; only the rest is prefilled."""
         p = self.prefix_ids
         for seq in self.scheduler.prefilling():
-            if not p or seq.kv_len or seq.prefill_len <= len(p) or seq.tokens[: len(p)] != p:
+            if seq.kv_len:
+                continue
+            shared = len(p) if p and seq.prefill_len > len(p) and seq.tokens[: len(p)] == p else 0
+            if self._restore_retained(seq, longer_than=shared) or not shared:
                 continue
             try:
                 seq.kv_len = self.engine.load_prefix(seq.slot)
@@ -306,6 +318,43 @@ class EngineLoop:
                 self.prefix_ids = p = []
                 continue
             self.stats.prefix_tokens_reused += seq.kv_len
+
+    def _restore_retained(self, seq: Sequence, longer_than: int) -> bool:
+        """Copy the longest prefix of seq's prompt that retained cells hold (if longer than
+        `longer_than`; one prompt token is always left to prefill: its logits give the first token)."""
+        if self.retained is None or seq.generated:
+            return False
+        self.stats.kv_reuse_lookups += 1
+        stream, n = self.retained.match(seq.tokens, seq.prefill_len - 1)
+        if n <= longer_than:
+            return False
+        try:
+            self.engine.restore(stream, seq.slot, n)
+        except Exception:
+            log.exception("restoring retained cells failed; prefilling the prompt whole")
+            self.engine.truncate(seq.slot, 0)
+            return False
+        self.retained.hit(stream)
+        seq.kv_len = n
+        self.stats.kv_reuse_hits += 1
+        self.stats.prefix_tokens_reused += n
+        return True
+
+    def _retain(self, seq: Sequence) -> None:
+        """A finished sequence leaves its cached cells to a retained stream (before its slot is vacated)."""
+        if self.retained is None or seq.slot < 0 or seq.kv_len < self.retained.min_tokens:
+            return
+        n = min(seq.kv_len, len(seq.tokens))  # a stop may have left accepted drafts' cells uncommitted
+        tokens = seq.tokens[:n]
+        stream = self.retained.stream_for(tokens)
+        if stream < 0:  # already retained
+            return
+        try:
+            self.engine.retain(seq.slot, stream, n)
+        except Exception:
+            log.exception("retaining the cells of sequence %d failed", seq.seq_id)
+            return
+        self._retained_now.append((stream, tokens))
 
     def _prefill(self, pieces: List[Piece]) -> tuple:
         """One ragged forward for these pieces (seq, start, end) of prompts; logits only where a
@@ -454,11 +503,15 @@ class EngineLoop:
         """Send what each sequence produced; retire finished ones."""
         for seq in seqs:
             if seq.finished:
+                self._retain(seq)
                 self._release(seq)
                 self.stats.finished += 1
                 self._send(seq, final=True)
             elif seq.request.stream:
                 self._send(seq, final=False)
+        for stream, tokens in self._retained_now:  # their sequences' blocks are back in the pool now
+            self.retained.store(stream, tokens)
+        self._retained_now.clear()
 
     def _send(self, seq: Sequence, final: bool) -> None:
         try:

@@ -38,13 +38,13 @@ class ListSink:
 def make_loop(engine, tokenizer, policy: str = "off", max_batch: int | None = None, max_context: int | None = None,
               drafters: Dict | None = None, kv_budget_bytes: int | None = None,
               prefill_chunk: int = LoopConfig.prefill_chunk, reuse_prefix: bool = LoopConfig.reuse_prefix,
-              **policy_params) -> EngineLoop:
+              reuse_kv: bool = LoopConfig.reuse_kv, **policy_params) -> EngineLoop:
     limits = Limits(max_tokens=4096, max_context=max_context or engine.max_context)
     drafters = drafters if drafters is not None else {n: make_drafter(n) for n in ("ngram", "suffix")}
     return EngineLoop(engine, tokenizer, drafters, make_policy(policy, **policy_params),
                       LoopConfig(max_batch=max_batch or engine.max_slots, limits=limits,
                                  kv_budget_bytes=kv_budget_bytes, prefill_chunk=prefill_chunk,
-                                 reuse_prefix=reuse_prefix, trace_len=TRACE_LEN))
+                                 reuse_prefix=reuse_prefix, reuse_kv=reuse_kv, trace_len=TRACE_LEN))
 
 
 def run_all(loop: EngineLoop, requests, max_steps: int = 100_000) -> List[ListSink]:

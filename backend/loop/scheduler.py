@@ -7,8 +7,9 @@ engine-free (tests/backend/test_scheduler.py drives it with a fake slot holder).
 * Chunked prefill: at most `prefill_chunk` prompt tokens an iteration, oldest sequences first,
   each piece ending at a multiple of the chunk size or at the prompt's end, so a prompt's pieces
   never depend on other traffic.
-* Memory fit: when a step's tokens do not fit in the pool, drafts are dropped first (γ = 0 for
-  everyone), then the youngest sequences are preempted: out of the batch with their tokens, back
+* Memory fit: when a step's tokens do not fit in the pool, cells retained for reuse are given up
+  first (`reclaim`: backend/loop/retained.py), then drafts are dropped (γ = 0 for everyone), then
+  the youngest sequences are preempted: out of the batch with their tokens, back
   to the head of the queue, recomputed when room returns.
 * Vacating: a leaving sequence's slot is refilled by moving the last one (the engine reads K/V
   as views, not gathers), and its blocks go back to the pool.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from typing import TYPE_CHECKING, Dict, List, Protocol, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Protocol, Tuple
 
 from .kv_blocks import BlockPool
 from .stats import LoopStats
@@ -40,11 +41,14 @@ class Slots(Protocol):
 
 
 class Scheduler:
-    def __init__(self, max_batch: int, prefill_chunk: int, pool: BlockPool, slots: Slots, stats: LoopStats):
+    def __init__(self, max_batch: int, prefill_chunk: int, pool: BlockPool, slots: Slots, stats: LoopStats,
+                 reclaim: Optional[Callable[[], bool]] = None):
+        """reclaim: frees some blocks held for later (retained cells) -> False when nothing is left to free."""
         if prefill_chunk < 0:
             raise ValueError(f"prefill_chunk must be >= 0 (0 = whole prompts), got {prefill_chunk}")
         self.max_batch, self.prefill_chunk = max_batch, prefill_chunk
         self.pool, self.slots, self.stats = pool, slots, stats
+        self.reclaim = reclaim or (lambda: False)
         self.waiting: "collections.deque[Sequence]" = collections.deque()
         self.running: List[Sequence] = []  # running[i].slot == i
 
@@ -55,7 +59,10 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_batch:
             seq = self.waiting[0]
             n = seq.prefill_len
-            if not self.pool.can_allocate(n + self.pool.block_size * (len(self.running) + 1)):
+            room = n + self.pool.block_size * (len(self.running) + 1)
+            while not self.pool.can_allocate(room) and self.reclaim():
+                pass
+            if not self.pool.can_allocate(room):
                 if not self.running and not admitted and not self.pool.can_allocate(n + 1):
                     self.waiting.popleft()
                     refused.append((seq, f"the request needs {n + 1} tokens of KV cache; the memory budget holds "
@@ -98,6 +105,8 @@ class Scheduler:
         def need() -> int:
             return sum(self.pool.extra_blocks(s.seq_id, 1 + gammas[s.seq_id]) for s in self.running
                        if s.seq_id in gammas)
+        while need() > self.pool.num_free and self.reclaim():
+            pass
         if need() <= self.pool.num_free:
             return gammas, []
         if any(gammas.values()):

@@ -55,7 +55,8 @@ def build_engine(cfg: ServerConfig, root: Path, ckpt: Path) -> Engine:
         from ..engines.llama_cpp import LlamaCpp, served_gguf
         gguf = cfg.resolve(cfg.gguf, root) if cfg.gguf else served_gguf(ckpt)
         return LlamaCpp(gguf, max_slots=cfg.max_batch, max_context=cfg.max_context, threads=cfg.threads,
-                        kv_type=cfg.kv_type, prefix_stream=cfg.reuse_prefix)
+                        kv_type=cfg.kv_type, prefix_stream=cfg.reuse_prefix,
+                        retain_streams=cfg.kv_reuse_streams)
     return TorchLlama(ckpt, dtype=cfg.dtype, max_slots=cfg.max_batch, max_context=cfg.max_context,
                       batch_invariant=cfg.batch_invariant)
 

@@ -169,3 +169,23 @@ def test_preempted_sequences_resume_before_newer_requests():
     assert list(s.waiting) == [a, b]
     s.admit()
     assert s.running == [a]
+
+
+def test_blocks_held_for_later_are_reclaimed_before_drafts_are_dropped_or_anyone_is_preempted():
+    s = scheduler(blocks=4, block_size=4, max_batch=2)
+    held = [3, 2]  # blocks held for later (retained cells), given back one holder at a time
+
+    def reclaim():
+        if not held:
+            return False
+        s.pool.free(-len(held))
+        held.pop()
+        return True
+
+    s.reclaim = reclaim
+    s.pool.allocate(-1, 12)
+    s.pool.allocate(-2, 4)  # 4 of 4 blocks held
+    (a,) = queued(s, 4)
+    assert s.admit() == [] and s.running == [a] and held == []  # both holders gave theirs up
+    a.generated, a.kv_len = 1, 4
+    assert s.fit({a.seq_id: 4}) == ({a.seq_id: 4}, []) and s.stats.memory_gamma_cuts == 0
