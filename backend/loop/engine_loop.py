@@ -114,7 +114,7 @@ class EngineLoop:
         self.stats = LoopStats()
         self.retained = RetainedPrompts(streams, self.memory.pool) if streams else None
         self.scheduler = Scheduler(config.max_batch, config.prefill_chunk, self.memory.pool, engine, self.stats,
-                                   reclaim=self.retained.evict_one if self.retained else None)
+                                   reclaim=self._reclaim if self.retained else None, on_admit=self._start_cached)
         self.spec = Speculator(policy, drafters, clock=clock, drafter_blocks=self.memory.drafter_blocks,
                                on_outcome=self._record, lookahead=True)
         self.inbox: "queue.Queue[Sequence]" = queue.Queue()
@@ -125,7 +125,7 @@ class EngineLoop:
         self._drain_deadline: Optional[float] = None  # self.clock() time; set by drain() (shutdown)
         self._thread: Optional[threading.Thread] = None
         self.prefix_ids: List[int] = []
-        self._retained_now: List[tuple] = []  # (stream, tokens) copied this emission, accounted after release
+        self._retained_now: List[int] = []  # retained streams filled this emission, counted after release
         if config.reuse_prefix and getattr(engine, "supports_prefix", False) and not self.feature_drafters:
             self.prefix_ids = chat_prefix(tokenizer)[: config.limits.max_context // 2]
             if self.prefix_ids:
@@ -284,7 +284,6 @@ class EngineLoop:
 
     # -- prefill ---------------------------------------------------------------------------
     def _prefill_step(self) -> None:
-        self._load_prefixes()
         pieces = self.scheduler.prefill_pieces()
         if not pieces:
             return
@@ -300,24 +299,24 @@ class EngineLoop:
             self._fail(seq, f"{ErrorKind.INTERNAL.prefix} while starting this request; see the server log")
         self._emit([s for s in done if s not in failed])
 
-    def _load_prefixes(self) -> None:
-        """A new prompt starts from cached cells where it can: the longest prefix it shares with a
-        finished sequence's retained cells, or the chat template's shared first tokens from the
+    def _start_cached(self, seq: Sequence) -> None:
+        """An admitted prompt starts from cached cells where it can (copied into its slot now, before
+        anything else admitted may need the retained cells' blocks): the longest prefix it shares with
+        a finished sequence's retained cells, or the chat template's shared first tokens from the
         engine's prefix stream; only the rest is prefilled."""
         p = self.prefix_ids
-        for seq in self.scheduler.prefilling():
-            if seq.kv_len:
-                continue
-            shared = len(p) if p and seq.prefill_len > len(p) and seq.tokens[: len(p)] == p else 0
-            if self._restore_retained(seq, longer_than=shared) or not shared:
-                continue
-            try:
-                seq.kv_len = self.engine.load_prefix(seq.slot)
-            except Exception:  # the prompt is prefilled whole instead; so are later ones
-                log.exception("copying the shared prompt prefix failed; prefix reuse is off from now")
-                self.prefix_ids = p = []
-                continue
-            self.stats.prefix_tokens_reused += seq.kv_len
+        if seq.kv_len:
+            return
+        shared = len(p) if p and seq.prefill_len > len(p) and seq.tokens[: len(p)] == p else 0
+        if self._restore_retained(seq, longer_than=shared) or not shared:
+            return
+        try:
+            seq.kv_len = self.engine.load_prefix(seq.slot)
+        except Exception:  # the prompt is prefilled whole instead; so are later ones
+            log.exception("copying the shared prompt prefix failed; prefix reuse is off from now")
+            self.prefix_ids = []
+            return
+        self.stats.prefix_tokens_reused += seq.kv_len
 
     def _restore_retained(self, seq: Sequence, longer_than: int) -> bool:
         """Copy the longest prefix of seq's prompt that retained cells hold (if longer than
@@ -340,21 +339,28 @@ class EngineLoop:
         self.stats.prefix_tokens_reused += n
         return True
 
+    def _reclaim(self, seq: Optional[Sequence]) -> bool:
+        """Give up retained cells for blocks someone needs now: the least recently used first, and
+        those the sequence being admitted (if any) would reuse last."""
+        mine = self.retained.match(seq.tokens, seq.prefill_len - 1)[0] if seq is not None and not seq.generated else -1
+        return self.retained.evict_one(but=mine) or self.retained.evict_one()
+
     def _retain(self, seq: Sequence) -> None:
         """A finished sequence leaves its cached cells to a retained stream (before its slot is vacated)."""
         if self.retained is None or seq.slot < 0 or seq.kv_len < self.retained.min_tokens:
             return
         n = min(seq.kv_len, len(seq.tokens))  # a stop may have left accepted drafts' cells uncommitted
         tokens = seq.tokens[:n]
-        stream = self.retained.stream_for(tokens)
+        stream = self.retained.keep(tokens)
         if stream < 0:  # already retained
             return
         try:
             self.engine.retain(seq.slot, stream, n)
         except Exception:
             log.exception("retaining the cells of sequence %d failed", seq.seq_id)
+            self.retained.forget(stream)
             return
-        self._retained_now.append((stream, tokens))
+        self._retained_now.append(stream)
 
     def _prefill(self, pieces: List[Piece]) -> tuple:
         """One ragged forward for these pieces (seq, start, end) of prompts; logits only where a
@@ -509,8 +515,8 @@ class EngineLoop:
                 self._send(seq, final=True)
             elif seq.request.stream:
                 self._send(seq, final=False)
-        for stream, tokens in self._retained_now:  # their sequences' blocks are back in the pool now
-            self.retained.store(stream, tokens)
+        for stream in self._retained_now:  # their sequences' blocks are back in the pool now
+            self.retained.count(stream)
         self._retained_now.clear()
 
     def _send(self, seq: Sequence, final: bool) -> None:

@@ -74,10 +74,11 @@ class RetainedPrompts:
     def hit(self, stream: int) -> None:
         self.entries[stream].used = self._tick()
 
-    def stream_for(self, tokens: Sequence[int]) -> int:
-        """Where to keep these tokens: a stream already holding a prefix of them (now outgrown), else
-        an empty one, else the least recently used; -1 when a stream already holds them all. The
-        chosen stream's old entry is given up."""
+    def keep(self, tokens: Sequence[int]) -> int:
+        """Claim a stream for these tokens (their cells are copied there next): one already holding a
+        prefix of them (now outgrown), else an empty one, else the least recently used, whose entry
+        is given up. -> the stream, or -1 when one already holds them all. Their blocks are counted
+        by `count`, once the sequence that leaves them has given its own back."""
         empty = -1
         for stream, e in enumerate(self.entries):
             if e is None:
@@ -88,29 +89,34 @@ class RetainedPrompts:
                 e.used = self._tick()
                 return -1
             if n == len(e.tokens):
+                empty = stream
                 self._drop(stream)
-                return stream
-        if empty >= 0:
-            return empty
-        lru = min(range(len(self.entries)), key=lambda s: self.entries[s].used)
-        self._drop(lru)
-        return lru
+                break
+        if empty < 0:
+            empty = min(range(len(self.entries)), key=lambda s: self.entries[s].used)
+            self._drop(empty)
+        self.entries[empty] = Retained(list(tokens), self._tick())
+        return empty
 
-    def store(self, stream: int, tokens: Sequence[int]) -> bool:
-        """Account `tokens` retained in `stream` (its cells already copied there), giving up the least
-        recently used others while the pool lacks the blocks. -> False when they do not fit (then
-        nothing is kept)."""
-        while not self.pool.can_allocate(len(tokens)) and self.evict_one():
+    def count(self, stream: int) -> bool:
+        """Count a kept stream's blocks in the pool, giving up the least recently used others while it
+        lacks them. -> False when they do not fit (the entry is given up)."""
+        n = len(self.entries[stream].tokens)
+        while not self.pool.can_allocate(n) and self.evict_one(but=stream):
             pass
-        if not self.pool.can_allocate(len(tokens)):
+        if not self.pool.can_allocate(n):
+            self._drop(stream)
             return False
-        self.pool.allocate(self.pool_id(stream), len(tokens))
-        self.entries[stream] = Retained(list(tokens), self._tick())
+        self.pool.allocate(self.pool_id(stream), n)
         return True
 
-    def evict_one(self) -> bool:
+    def forget(self, stream: int) -> None:
+        """The copy into a kept stream failed: nothing is held there."""
+        self._drop(stream)
+
+    def evict_one(self, but: int = -1) -> bool:
         """Give up the least recently used entry's blocks (memory pressure). -> False when none is kept."""
-        kept = [s for s, e in enumerate(self.entries) if e is not None]
+        kept = [s for s, e in enumerate(self.entries) if e is not None and s != but]
         if not kept:
             return False
         self._drop(min(kept, key=lambda s: self.entries[s].used))

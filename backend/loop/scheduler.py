@@ -42,13 +42,17 @@ class Slots(Protocol):
 
 class Scheduler:
     def __init__(self, max_batch: int, prefill_chunk: int, pool: BlockPool, slots: Slots, stats: LoopStats,
-                 reclaim: Optional[Callable[[], bool]] = None):
-        """reclaim: frees some blocks held for later (retained cells) -> False when nothing is left to free."""
+                 reclaim: Optional[Callable[[Optional["Sequence"]], bool]] = None,
+                 on_admit: Optional[Callable[["Sequence"], None]] = None):
+        """reclaim(seq): frees some blocks held for later (retained cells), those `seq` (being admitted;
+        None in a step) could reuse last -> False when nothing is left to free.
+        on_admit(seq): a sequence just took its slot (it may start from cached cells: kv_len)."""
         if prefill_chunk < 0:
             raise ValueError(f"prefill_chunk must be >= 0 (0 = whole prompts), got {prefill_chunk}")
         self.max_batch, self.prefill_chunk = max_batch, prefill_chunk
         self.pool, self.slots, self.stats = pool, slots, stats
-        self.reclaim = reclaim or (lambda: False)
+        self.reclaim = reclaim or (lambda seq: False)
+        self.on_admit = on_admit or (lambda seq: None)
         self.waiting: "collections.deque[Sequence]" = collections.deque()
         self.running: List[Sequence] = []  # running[i].slot == i
 
@@ -60,7 +64,7 @@ class Scheduler:
             seq = self.waiting[0]
             n = seq.prefill_len
             room = n + self.pool.block_size * (len(self.running) + 1)
-            while not self.pool.can_allocate(room) and self.reclaim():
+            while not self.pool.can_allocate(room) and self.reclaim(seq):
                 pass
             if not self.pool.can_allocate(room):
                 if not self.running and not admitted and not self.pool.can_allocate(n + 1):
@@ -74,6 +78,7 @@ class Scheduler:
             seq.scheduled_ns = seq.scheduled_ns or time.time_ns()
             seq.slot = len(self.running)
             self.running.append(seq)
+            self.on_admit(seq)
             admitted += 1
         return refused
 
@@ -105,7 +110,7 @@ class Scheduler:
         def need() -> int:
             return sum(self.pool.extra_blocks(s.seq_id, 1 + gammas[s.seq_id]) for s in self.running
                        if s.seq_id in gammas)
-        while need() > self.pool.num_free and self.reclaim():
+        while need() > self.pool.num_free and self.reclaim(None):
             pass
         if need() <= self.pool.num_free:
             return gammas, []

@@ -18,10 +18,16 @@ PREAMBLE = ("You are a careful assistant. Answer briefly and plainly, in the sty
 
 
 # -- the ledger --------------------------------------------------------------------------
+def store(r, tokens):
+    """What the loop does when a sequence leaves: claim a stream, (copy the cells,) count its blocks."""
+    stream = r.keep(tokens)
+    return stream >= 0 and r.count(stream)
+
+
 def test_match_finds_the_longest_shared_prefix_above_the_minimum():
     r = RetainedPrompts(3, BlockPool(64, 4), min_tokens=4)
-    assert r.store(r.stream_for(list(range(10))), list(range(10)))
-    assert r.store(r.stream_for([0, 1, 2, 3, 4, 99]), [0, 1, 2, 3, 4, 99])
+    assert store(r, list(range(10)))
+    assert store(r, [0, 1, 2, 3, 4, 99])
     assert r.match(list(range(20)), limit=19) == (0, 10)
     assert r.match(list(range(20)), limit=7) == (0, 7)  # never past the limit (a token left to prefill)
     assert r.match([0, 1, 2, 3, 4, 99, 7], limit=6) == (1, 6)
@@ -32,32 +38,36 @@ def test_blocks_are_counted_and_the_least_recently_used_goes_first():
     pool = BlockPool(8, 4)
     r = RetainedPrompts(2, pool, min_tokens=1)
     a, b, c = [1] * 8, [2] * 8, [3] * 8
-    assert r.store(r.stream_for(a), a) and r.store(r.stream_for(b), b)
+    assert store(r, a) and store(r, b)
     assert pool.num_free == 4 and r.tokens_kept == 16
     r.hit(r.match(a, 8)[0])  # a was used last: b goes first
-    s = r.stream_for(c)
-    assert r.store(s, c) and r.match(b, 8) == (-1, 0) and r.match(a, 8)[1] == 8
+    assert store(r, c) and r.match(b, 8) == (-1, 0) and r.match(a, 8)[1] == 8
     assert r.evict_one() and r.evict_one() and not r.evict_one()
     assert pool.num_free == pool.num_blocks
 
 
 def test_a_longer_sequence_replaces_the_entry_it_extends_and_a_held_one_is_not_kept_twice():
     r = RetainedPrompts(2, BlockPool(16, 4), min_tokens=1)
-    r.store(r.stream_for([1, 2, 3]), [1, 2, 3])
-    s = r.stream_for([1, 2, 3, 4, 5])  # the next turn of the same conversation
-    assert s == 0 and r.entries[0] is None
-    r.store(s, [1, 2, 3, 4, 5])
-    assert r.stream_for([1, 2, 3]) == -1  # already held (a prefix of what stream 0 keeps)
-    assert r.tokens_kept == 5
+    store(r, [1, 2, 3])
+    assert r.keep([1, 2, 3, 4, 5]) == 0 and r.count(0)  # the next turn of the same conversation
+    assert r.keep([1, 2, 3]) == -1  # already held (a prefix of what stream 0 keeps)
+    assert r.tokens_kept == 5 and r.pool.num_free == 16 - 2
+
+
+def test_sequences_leaving_in_one_step_get_streams_of_their_own():
+    r = RetainedPrompts(3, BlockPool(16, 4), min_tokens=1)
+    streams = [r.keep([i] * 4) for i in range(3)]  # claimed before any is counted
+    assert sorted(streams) == [0, 1, 2] and all(r.count(s) for s in streams)
+    assert r.pool.num_free == 16 - 3
 
 
 def test_storing_gives_up_others_when_the_pool_is_short_and_refuses_what_never_fits():
     pool = BlockPool(4, 4)
     r = RetainedPrompts(2, pool, min_tokens=1)
-    r.store(r.stream_for([1] * 12), [1] * 12)
-    assert r.store(r.stream_for([2] * 8), [2] * 8)  # the first one goes
+    store(r, [1] * 12)
+    assert store(r, [2] * 8)  # the first one goes
     assert r.tokens_kept == 8
-    assert not r.store(r.stream_for([3] * 20), [3] * 20)
+    assert not store(r, [3] * 20)
     assert pool.num_free == pool.num_blocks and r.tokens_kept == 0
 
 

@@ -175,7 +175,7 @@ def test_blocks_held_for_later_are_reclaimed_before_drafts_are_dropped_or_anyone
     s = scheduler(blocks=4, block_size=4, max_batch=2)
     held = [3, 2]  # blocks held for later (retained cells), given back one holder at a time
 
-    def reclaim():
+    def reclaim(seq):
         if not held:
             return False
         s.pool.free(-len(held))
