@@ -146,6 +146,8 @@ def soak(grpc: str, metrics_address: str, streams: int, duration: float, sample_
     while time.monotonic() < deadline:  # the last requests' blocks come back when the loop retires them
         m = metrics(metrics_address)
         kv_free, kv_total = m.get('specserve_kv_blocks{state="free"}'), m.get('specserve_kv_blocks{state="total"}')
+        if kv_free is not None:  # blocks kept for reuse (retained cells) count as back: given up on demand
+            kv_free += m.get('specserve_kv_blocks{state="retained"}', 0)
         if kv_free is not None and kv_free == kv_total:
             break
         time.sleep(0.5)

@@ -204,7 +204,8 @@ class MetricsPublisher:
         self.sequences = family(name="specserve_sequences",
                                 description="sequences by state (running hold a batch slot and KV cache)")
         self.kv_blocks = family("specserve_kv_blocks",
-                                "KV cache blocks (16 tokens) by state; the pool grows when a drafter is parked")
+                                "KV cache blocks (16 tokens) by state: free, total, and retained (finished requests' cells "
+                                "kept for reuse, given up when needed); the pool grows when a drafter is parked")
         self.acceptance = family("specserve_acceptance_rate",
                                  "accepted / verified draft tokens over the last 256 steps (0 when none drafted)")
         self.gamma_mean = family("specserve_gamma_mean",
@@ -240,6 +241,7 @@ class MetricsPublisher:
         total, free = pool.num_blocks, pool.num_free
         self.kv_blocks.set(free, state="free")
         self.kv_blocks.set(total, state="total")
+        self.kv_blocks.set(pool.num_retained, state="retained")
 
         decisions, played, acceptance, planned_mean, played_mean, it = self.steps.snapshot()
         # Per-iteration figures describe the iteration in progress: none while the service is idle.

@@ -67,6 +67,12 @@ class BlockPool:
     def num_used(self) -> int:
         return self.num_blocks - len(self._free)
 
+    @property
+    def num_retained(self) -> int:
+        """Blocks of cells kept for later prompts (backend/loop/retained.py), held under negative ids:
+        in use, but given up whenever a sequence needs them."""
+        return sum(len(t) for i, t in self._tables.items() if i < 0)
+
     def blocks_for(self, n_tokens: int) -> int:
         return -(-n_tokens // self.block_size)
 

@@ -41,6 +41,9 @@ class KvPoolView(Protocol):
     @property
     def block_size(self) -> int: ...  # tokens per block
 
+    @property
+    def num_retained(self) -> int: ...  # in use by cells kept for later prompts (given up when needed)
+
 
 @runtime_checkable
 class DrafterView(Protocol):

@@ -1,5 +1,5 @@
 """A short soak (issue 20): 16 gRPC streams for 60 s on the default engine and policy. Nothing
-fails, every KV block is free again at the end, and the model stub's RSS does not grow after
+fails, every KV block is back at the end (free, or holding finished requests' cells for reuse), and the model stub's RSS does not grow after
 warm-up. The 10-minute, 64-stream version is `bench/soak.py` (run by hand)."""
 import importlib.util
 import signal

@@ -30,6 +30,7 @@ class KvPool(NamedTuple):
     num_blocks: int
     num_free: int
     block_size: int
+    num_retained: int = 0  # TensorRT-LLM's block reuse keeps its reusable blocks among the free ones
 
 
 class ServiceStats:
