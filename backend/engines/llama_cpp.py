@@ -325,9 +325,7 @@ class LlamaCpp:
         if not 0 <= length <= self._lens[src]:
             raise ValueError(f"move_slot length {length} is outside [0, {self._lens[src]}] (slot {src}'s length)")
         self._seq_rm(src, length)
-        self._seq_rm(dst, 0)
-        self._ll.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
-        self._lens[dst] = length
+        self._copy_stream(src, dst)
         self._seq_rm(src, 0)
 
     # -- a shared prompt prefix (not in the contract) -------------------------------------
@@ -359,9 +357,7 @@ class LlamaCpp:
             self._decode([(0, 0, n, n)], [s], [0], [self._prefix_tokens], [[]],
                          np.empty((0, self.shape.vocab), dtype=np.float32), [0])
             self._lens[s] = n
-        self._seq_rm(slot, 0)
-        self._ll.llama_memory_seq_cp(self._mem, s, slot, -1, -1)
-        self._lens[slot] = self._lens[s]
+        self._copy_stream(s, slot)
         return self._lens[slot]
 
     # -- cells kept after a sequence left (not in the contract) --------------------------
@@ -372,10 +368,7 @@ class LlamaCpp:
         s = self._retained(stream)
         if not 0 < length <= self._lens[slot]:
             raise ValueError(f"retain length {length} is outside [1, {self._lens[slot]}] (slot {slot}'s length)")
-        self._seq_rm(s, 0)
-        self._ll.llama_memory_seq_cp(self._mem, slot, s, -1, -1)
-        self._lens[s] = self._lens[slot]
-        self._seq_rm(s, length)
+        self._copy_stream(slot, s, length)
 
     def restore(self, stream: int, slot: int, length: int) -> None:
         """Slot `slot` becomes the first `length` cells of retained stream `stream`, which keeps them."""
@@ -383,10 +376,7 @@ class LlamaCpp:
         s = self._retained(stream)
         if not 0 < length <= self._lens[s]:
             raise ValueError(f"restore length {length} is outside [1, {self._lens[s]}] (stream {stream}'s length)")
-        self._seq_rm(slot, 0)
-        self._ll.llama_memory_seq_cp(self._mem, s, slot, -1, -1)
-        self._lens[slot] = self._lens[s]
-        self._seq_rm(slot, length)
+        self._copy_stream(s, slot, length)
 
     def _retained(self, stream: int) -> int:
         if not 0 <= stream < self.retain_streams:
@@ -398,9 +388,16 @@ class LlamaCpp:
         fills many slots with one prefill this way."""
         check_slot(self, src, "source slot")
         check_slot(self, dst, "destination slot")
+        self._copy_stream(src, dst)
+
+    def _copy_stream(self, src: int, dst: int, length: int = -1) -> None:
+        """dst becomes a copy of stream src (llama.cpp copies across streams only whole), cut to
+        `length` cells (-1: all of them); src keeps its cells."""
         self._seq_rm(dst, 0)
         self._ll.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
         self._lens[dst] = self._lens[src]
+        if length >= 0:
+            self._seq_rm(dst, length)
 
     def close(self) -> None:
         """Free llama.cpp's context, batch and model (also at garbage collection)."""

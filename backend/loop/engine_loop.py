@@ -125,7 +125,6 @@ class EngineLoop:
         self._drain_deadline: Optional[float] = None  # self.clock() time; set by drain() (shutdown)
         self._thread: Optional[threading.Thread] = None
         self.prefix_ids: List[int] = []
-        self._retained_now: List[int] = []  # retained streams filled this emission, counted after release
         if config.reuse_prefix and getattr(engine, "supports_prefix", False) and not self.feature_drafters:
             self.prefix_ids = chat_prefix(tokenizer)[: config.limits.max_context // 2]
             if self.prefix_ids:
@@ -345,22 +344,23 @@ class EngineLoop:
         mine = self.retained.match(seq.tokens, seq.prefill_len - 1)[0] if seq is not None and not seq.generated else -1
         return self.retained.evict_one(but=mine) or self.retained.evict_one()
 
-    def _retain(self, seq: Sequence) -> None:
-        """A finished sequence leaves its cached cells to a retained stream (before its slot is vacated)."""
+    def _retain(self, seq: Sequence) -> int:
+        """A finished sequence leaves its cached cells to a retained stream (before its slot is vacated)
+        -> the stream, whose blocks the caller counts once the sequence gave its own back; -1 if none."""
         if self.retained is None or seq.slot < 0 or seq.kv_len < self.retained.min_tokens:
-            return
+            return -1
         n = min(seq.kv_len, len(seq.tokens))  # a stop may have left accepted drafts' cells uncommitted
         tokens = seq.tokens[:n]
         stream = self.retained.keep(tokens)
         if stream < 0:  # already retained
-            return
+            return -1
         try:
             self.engine.retain(seq.slot, stream, n)
         except Exception:
             log.exception("retaining the cells of sequence %d failed", seq.seq_id)
             self.retained.forget(stream)
-            return
-        self._retained_now.append(stream)
+            return -1
+        return stream
 
     def _prefill(self, pieces: List[Piece]) -> tuple:
         """One ragged forward for these pieces (seq, start, end) of prompts; logits only where a
@@ -507,17 +507,18 @@ class EngineLoop:
     # -- responses -------------------------------------------------------------------------
     def _emit(self, seqs: List[Sequence]) -> None:
         """Send what each sequence produced; retire finished ones."""
+        retained = []
         for seq in seqs:
             if seq.finished:
-                self._retain(seq)
+                retained.append(self._retain(seq))
                 self._release(seq)
                 self.stats.finished += 1
                 self._send(seq, final=True)
             elif seq.request.stream:
                 self._send(seq, final=False)
-        for stream in self._retained_now:  # their sequences' blocks are back in the pool now
-            self.retained.count(stream)
-        self._retained_now.clear()
+        for stream in retained:  # their sequences' blocks are back in the pool now
+            if stream >= 0:
+                self.retained.count(stream)
 
     def _send(self, seq: Sequence, final: bool) -> None:
         try:
