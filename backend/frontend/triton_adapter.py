@@ -18,7 +18,7 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -242,22 +242,58 @@ class ResponseWriter:
     a response (Python, then IPC to Triton) took about a tenth of the loop's time at 1, 8 and 32
     streams; here it can overlap the next step's forward, which runs without the GIL. On 2 cores
     that both run llama.cpp it shortened steps ~5% at one stream, nothing measurable at 8 or 32
-    (docs/results.md); it pays where a core is spare."""
+    (docs/results.md); it pays where a core is spare.
 
-    def __init__(self):
+    It also asks Triton, every `poll_s`, whether the open requests were cancelled, so that the
+    loop's checks (TritonSink.cancelled) read a flag: `is_cancelled()` is an IPC round trip to
+    Triton (~70 us), which at 32 streams held the loop thread ~5% of its time, its llama.cpp
+    workers idle meanwhile (issue 30, docs/results.md)."""
+
+    def __init__(self, poll_s: float = 0.05):
         self.queue: "queue.SimpleQueue" = queue.SimpleQueue()
+        self.poll_s = poll_s
+        self._open: Dict[int, "TritonSink"] = {}  # id -> sink, until its final response is sent
+        self._lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="response-writer", daemon=True)
         self.thread.start()
 
     def put(self, send) -> None:
         self.queue.put(send)
 
+    def watch(self, sink: "TritonSink") -> None:
+        with self._lock:
+            idle = not self._open
+            self._open[id(sink)] = sink
+        if idle:  # the writer sleeps while there is nothing to poll: wake it
+            self.queue.put(False)
+
+    def unwatch(self, sink: "TritonSink") -> None:
+        with self._lock:
+            self._open.pop(id(sink), None)
+
     def _run(self) -> None:
+        next_poll = time.monotonic() + self.poll_s
         while True:
-            send = self.queue.get()
+            try:
+                send = self.queue.get(timeout=max(0.0, next_poll - time.monotonic()) if self._open else None)
+            except queue.Empty:
+                send = False
             if send is None:
                 return
-            send()  # TritonSink's sends catch their own errors
+            if send:
+                send()  # TritonSink's sends catch their own errors
+            if time.monotonic() >= next_poll:
+                self._poll_cancels()
+                next_poll = time.monotonic() + self.poll_s
+
+    def _poll_cancels(self) -> None:
+        with self._lock:
+            sinks = list(self._open.values())
+        for sink in sinks:
+            try:
+                sink.cancel_seen = sink.cancel_seen or sink.sender.is_cancelled()
+            except Exception:  # a sender Triton already let go of: its request is over
+                sink.cancel_seen = True
 
     def close(self, timeout: float = 10.0) -> None:
         """Send what is queued, then stop."""
@@ -268,26 +304,35 @@ class ResponseWriter:
 class TritonSink:
     """Sends a sequence's chunks through the request's response sender (or its ResponseGroup);
     through `writer` (a ResponseWriter) when given: a send that fails there (the client is gone)
-    makes `cancelled()` true, and the loop cancels the sequence at its next check."""
+    makes `cancelled()` true, and the loop cancels the sequence at its next check; the writer
+    also polls Triton for the request's cancellation (`cancelled()` then reads its answer)."""
 
     def __init__(self, sender, requests=None, batch_index=None, sequence_index=None,
                  writer: Optional[ResponseWriter] = None):
         self.sender, self.batch_index, self.sequence_index = sender, batch_index, sequence_index
         self.requests = requests  # backend.frontend.metrics.RequestLog: error reasons, answered token counts, latencies
         self.received_s, self.first_s = time.monotonic(), None
-        self.writer, self.failed = writer, False
+        self.writer, self.failed, self.cancel_seen = writer, False, False
+        self._watch = writer is not None  # watched from the loop's first check until the final response
 
     def send(self, chunk: Chunk, final: bool) -> None:
         if self.writer is None:
             return self._send(chunk, final)
         if self.failed:
             raise RuntimeError("an earlier response of this request could not be sent")
+        if final:
+            self._unwatch()
         self.writer.put(lambda: self._guarded(self._send, chunk, final))
 
     def error(self, message: str, code=INTERNAL) -> None:
         if self.writer is None:
             return self._error(message, code)
+        self._unwatch()
         self.writer.put(lambda: self._guarded(self._error, message, code))
+
+    def _unwatch(self) -> None:
+        self._watch = False
+        self.writer.unwatch(self)
 
     def _guarded(self, send, *args) -> None:
         try:
@@ -314,7 +359,11 @@ class TritonSink:
             self.requests.error(code)
 
     def cancelled(self) -> bool:
-        return self.failed or self.sender.is_cancelled()
+        if self.writer is None:
+            return self.failed or self.sender.is_cancelled()
+        if self._watch:  # the loop checks only the requests it holds: those the writer polls
+            self.writer.watch(self)
+        return self.failed or self.cancel_seen
 
 
 class DrainWatcher:

@@ -5,6 +5,7 @@ The integration tests run the same path inside the real server."""
 import importlib
 import sys
 import threading
+import time
 import types
 
 import pytest
@@ -16,6 +17,7 @@ from test_triton_forward import FINAL, InferenceResponse, Tensor, TritonError
 class Sender:
     def __init__(self, fail_after=None):
         self.sent, self.fail_after, self.threads = [], fail_after, set()
+        self.cancel, self.polls = False, []  # polls: the threads is_cancelled ran on
 
     def send(self, response, flags=0):
         self.threads.add(threading.current_thread().name)
@@ -24,7 +26,8 @@ class Sender:
         self.sent.append((response, flags))
 
     def is_cancelled(self):
-        return False
+        self.polls.append(threading.current_thread().name)
+        return self.cancel
 
 
 @pytest.fixture
@@ -66,6 +69,30 @@ def test_a_failed_send_becomes_a_cancel(adapter):
     assert len(sender.sent) == 2 and sink.cancelled()
     with pytest.raises(RuntimeError, match="could not be sent"):  # the loop then cancels the sequence
         sink.send(chunk("3"), final=True)
+
+
+def wait_for(cond, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return cond()
+
+
+def test_the_writer_polls_cancels_and_the_loop_reads_a_flag(adapter):
+    """The loop's check never waits on Triton's IPC: the writer thread asks, every poll_s, for the
+    requests the loop checks, and stops asking once their final response is on its way."""
+    writer, sender, other = adapter.ResponseWriter(poll_s=0.01), Sender(), Sender()
+    sink, done = adapter.TritonSink(sender, writer=writer), adapter.TritonSink(other, writer=writer)
+    assert not sink.cancelled() and not done.cancelled()  # the first checks start the polling
+    assert wait_for(lambda: len(sender.polls) >= 2 and len(other.polls) >= 2)
+    done.send(chunk("end"), final=True)
+    sender.cancel = True
+    assert wait_for(sink.cancelled)
+    polls = len(other.polls)
+    time.sleep(0.05)
+    writer.close()
+    assert len(other.polls) <= polls + 1  # at most a poll already under way when it finished
+    assert set(sender.polls) == set(other.polls) == {"response-writer"}
 
 
 def test_without_a_writer_sends_at_once(adapter):
