@@ -26,6 +26,7 @@ def test_families_labels_and_consistency(server):
     failures_before = sum(v for n, lab, v in before if n == "nv_inference_request_failure" and lab["model"] == "llm")
     rejected_before = by_label(before, "specserve_requests_rejected_total", "reason")
     iterations_before = by_label(before, "nv_trt_llm_general_metrics", "general_type")["iteration_counter"]
+    finished_before = server.metrics().get("specserve_requests_finished_total", 0)  # the server is shared
 
     # a few requests at once (one with a drafting-friendly repetitive prompt), and one refused
     prompts = ["a b c a b c a b c a b c", "The capital of France is", "1, 2, 3, 1, 2, 3, 1, 2, 3,"]
@@ -40,7 +41,8 @@ def test_families_labels_and_consistency(server):
         t.join(120)
     assert [s for s, _ in results] == [200] * 3
     server.wait_metric('specserve_sequences{state="running"}', lambda v: v == 0)
-    server.wait_metric("specserve_requests_finished_total", lambda v: v >= 3)
+    # published by the metrics thread a moment after the requests end: wait for these three
+    server.wait_metric("specserve_requests_finished_total", lambda v: v >= finished_before + 3)
     after = server.samples()
 
     # every family: NVIDIA's names and label keys, model and version on every series
