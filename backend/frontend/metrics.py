@@ -252,7 +252,7 @@ class MetricsPublisher:
         for label, value in (("cpu", rss_bytes()), ("gpu", 0), ("pinned", 0)):
             self.trt_memory.set(value, memory_type=label)
         for label, value in (("max", total), ("free", free), ("used", total - free), ("tokens_per", pool.block_size),
-                             ("reused", 0), ("fraction", (total - free) / total if total else 0.0)):
+                             ("reused", st.kv_blocks_reused), ("fraction", (total - free) / total if total else 0.0)):
             self.trt_kv.set(value, kv_cache_block_type=label)
         for label, value in (("total_context_tokens", busy.context_tokens),
                              ("generation_requests", busy.generation_requests),

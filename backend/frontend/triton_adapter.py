@@ -228,8 +228,8 @@ def chunk_outputs(chunk: Chunk, batch_index=None, sequence_index=None) -> dict:
         out["output_top_log_probs"] = np.array(chunk.top_log_probs, dtype=np.float32).reshape(1, 1, n, k)
     if chunk.perf is not None:
         out.update({k: np.array([[chunk.perf[k]]], dtype=t) for k, t in PERF_OUTPUTS.items()})
-        # TensorRT-LLM's KV-cache block reuse counters: no block is shared between our requests
-        out.update({k: np.array([[0]], dtype=np.int32) for k in KV_OUTPUTS})
+        # TensorRT-LLM's KV-cache block counts (blocks reused across requests: backend/loop/retained.py)
+        out.update({k: np.array([[chunk.perf.get(k, 0)]], dtype=np.int32) for k in KV_OUTPUTS})
     if batch_index is not None:
         out["batch_index"] = np.array([[batch_index]], dtype=np.int32)
     if sequence_index is not None:

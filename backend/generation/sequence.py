@@ -71,6 +71,8 @@ class Sequence:
     scheduled_ns: int = 0
     first_token_ns: int = 0
     last_token_ns: int = 0
+    kv_block_size: int = 16  # the KV pool's block size: return_perf_metrics counts blocks
+    reused_tokens: int = 0  # prompt tokens copied from cached cells at admission (KV reuse), not prefilled
 
     @property
     def generated(self) -> int:
@@ -175,8 +177,17 @@ class Sequence:
             chunk.perf = {"acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
                           "total_draft_tokens": self.drafted, "total_accepted_draft_tokens": self.accepted,
                           "arrival_time_ns": self.arrival_ns, "first_scheduled_time_ns": self.scheduled_ns,
-                          "first_token_time_ns": self.first_token_ns, "last_token_time_ns": self.last_token_ns}
+                          "first_token_time_ns": self.first_token_ns, "last_token_time_ns": self.last_token_ns,
+                          **self._kv_blocks()}
         return chunk
+
+    def _kv_blocks(self) -> dict:
+        """TensorRT-LLM's per-request KV block counts: the blocks its tokens fill, of which those
+        its prompt took whole from cached cells (KV reuse) and those allocated new."""
+        total = -(-len(self.tokens) // self.kv_block_size)
+        reused = min(self.reused_tokens // self.kv_block_size, total)
+        return {"kv_cache_alloc_total_blocks": total, "kv_cache_reused_blocks": reused,
+                "kv_cache_alloc_new_blocks": total - reused}
 
     def output_text(self) -> str:
         end = self.stop_at if self.stop_at is not None else len(self.detok.text)

@@ -185,7 +185,8 @@ class EngineLoop:
                                         temperature=0.0 if req.sampling.greedy else req.sampling.temperature)
         seq = Sequence(seq_id=next(self._ids), request=req, sink=sink, prompt_ids=a.prompt_ids,
                        tokens=list(a.prompt_ids), detok=IncrementalDetokenizer(self.tok, a.prompt_ids),
-                       eos_ids=a.eos_ids, generator=gen, seed=a.seed, arrival_s=self.clock(), processor=processor)
+                       eos_ids=a.eos_ids, generator=gen, seed=a.seed, arrival_s=self.clock(), processor=processor,
+                       kv_block_size=self.pool.block_size)
         self.inbox.put(seq)
         return seq.seq_id
 
@@ -315,7 +316,7 @@ class EngineLoop:
             log.exception("copying the shared prompt prefix failed; prefix reuse is off from now")
             self.prefix_ids = []
             return
-        self.stats.prefix_tokens_reused += seq.kv_len
+        self._count_reuse(seq)
 
     def _restore_retained(self, seq: Sequence, longer_than: int) -> bool:
         """Copy the longest prefix of seq's prompt that retained cells hold (if longer than
@@ -335,8 +336,15 @@ class EngineLoop:
         self.retained.hit(stream)
         seq.kv_len = n
         self.stats.kv_reuse_hits += 1
-        self.stats.prefix_tokens_reused += n
+        self._count_reuse(seq)
         return True
+
+    def _count_reuse(self, seq: Sequence) -> None:
+        """seq starts from kv_len cached cells (a resumed sequence counts only once)."""
+        self.stats.prefix_tokens_reused += seq.kv_len
+        if not seq.generated:
+            seq.reused_tokens = seq.kv_len
+            self.stats.kv_blocks_reused += seq.kv_len // self.pool.block_size
 
     def _reclaim(self, seq: Optional[Sequence]) -> bool:
         """Give up retained cells for blocks someone needs now: the least recently used first, and

@@ -13,6 +13,7 @@ class LoopStats:
     prefill_tokens: int = 0  # tokens computed by prefills (recomputation after preemption included)
     prefill_time_s: float = 0.0
     prefix_tokens_reused: int = 0  # prompt tokens copied (prefix stream or retained cells), not prefilled
+    kv_blocks_reused: int = 0  # whole KV blocks of those, per request (TensorRT-LLM's "reused" blocks)
     kv_reuse_lookups: int = 0  # new prompts looked up among the retained cells
     kv_reuse_hits: int = 0  # of those, prompts that reused retained cells
     step_time_s: float = 0.0

@@ -137,3 +137,20 @@ def test_reuse_across_requests_is_lossless(engine, tokenizer, batch, budget_toke
         assert st.kv_reuse_hits >= engine.retain_streams
     assert loop.pool.num_free == loop.pool.num_blocks - sum(
         loop.pool.blocks_for(len(e.tokens)) for e in loop.retained.entries if e is not None)
+
+
+def test_reused_blocks_are_reported_as_tensorrt_llm_reports_them(engine, tokenizer):
+    """return_perf_metrics' kv_cache_reused_blocks: the whole blocks a prompt took from retained
+    cells (none the first time, most of it when resent); new + reused = total; the loop counts the
+    same blocks for the metrics' nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="reused"}."""
+    loop = make_loop(engine, tokenizer, "off", max_batch=1)
+    prompt = PREAMBLE + PROMPTS[0]
+    first, again = run_all(loop, [greedy(prompt, MAX_TOKENS, return_perf_metrics=True)] * 2)
+    a, b = first.chunks[-1].perf, again.chunks[-1].perf
+    bs = loop.pool.block_size
+    n_prompt = len(tokenizer(prompt).input_ids)
+    assert a["kv_cache_reused_blocks"] == 0 and b["kv_cache_reused_blocks"] == (n_prompt - 1) // bs > 0
+    for p in (a, b):
+        assert p["kv_cache_alloc_new_blocks"] + p["kv_cache_reused_blocks"] == p["kv_cache_alloc_total_blocks"]
+        assert p["kv_cache_alloc_total_blocks"] == -(-(n_prompt + MAX_TOKENS) // bs)
+    assert loop.stats.kv_blocks_reused == b["kv_cache_reused_blocks"]

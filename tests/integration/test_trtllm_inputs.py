@@ -42,6 +42,9 @@ def test_nvidia_client_request_with_penalties_log_probs_and_perf_metrics(server,
                                                              "total_accepted_draft_tokens"))
     assert 0 <= accepted <= drafted and (rate == 0 if drafted == 0 else abs(rate - accepted / drafted) < 1e-6)
     assert r.as_numpy("first_token_time_ns")[0][0] >= r.as_numpy("arrival_time_ns")[0][0] > 0
+    new, reused, total = (int(r.as_numpy(k)[0][0]) for k in ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks",
+                                                              "kv_cache_alloc_total_blocks"))
+    assert total == new + reused > 0 and reused >= 0
 
 
 def test_penalties_change_the_output_and_stay_the_same_on_every_protocol(server):
