@@ -313,7 +313,8 @@ class TritonSink:
         self.requests = requests  # backend.frontend.metrics.RequestLog: error reasons, answered token counts, latencies
         self.received_s, self.first_s = time.monotonic(), None
         self.writer, self.failed, self.cancel_seen = writer, False, False
-        self._watch = writer is not None  # watched from the loop's first check until the final response
+        # the writer polls it from the loop's first check (None: not yet) until its final response (False)
+        self._watch: Optional[bool] = None if writer is not None else False
 
     def send(self, chunk: Chunk, final: bool) -> None:
         if self.writer is None:
@@ -361,7 +362,8 @@ class TritonSink:
     def cancelled(self) -> bool:
         if self.writer is None:
             return self.failed or self.sender.is_cancelled()
-        if self._watch:  # the loop checks only the requests it holds: those the writer polls
+        if self._watch is None:  # the loop checks only the requests it holds: those the writer polls
+            self._watch = True
             self.writer.watch(self)
         return self.failed or self.cancel_seen
 

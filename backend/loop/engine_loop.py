@@ -340,7 +340,8 @@ class EngineLoop:
         return True
 
     def _count_reuse(self, seq: Sequence) -> None:
-        """seq starts from kv_len cached cells (a resumed sequence counts only once)."""
+        """seq starts from kv_len cached cells: counted as reused tokens each time (a resumed sequence
+        too), and as the request's reused blocks (return_perf_metrics, the metrics) only the first time."""
         self.stats.prefix_tokens_reused += seq.kv_len
         if not seq.generated:
             seq.reused_tokens = seq.kv_len
