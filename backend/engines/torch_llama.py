@@ -169,6 +169,34 @@ def load_checkpoint(ckpt: Path, dtype: torch.dtype):
     return shape, {k.removeprefix("model."): v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
 
 
+def random_weights(shape: LlamaShape, dtype: torch.dtype, device: str | torch.device = "cpu",
+                   seed: int = 0) -> dict:
+    """Weights of `shape` drawn at random (N(0, 0.02) matrices, unit norms), made on `device`:
+    a model's step costs without its checkpoint (bench/gpu_step_costs.py times an 8B layout on a
+    GPU machine that cannot download one). Names as load_checkpoint returns them."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    s, qd, kd = shape, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+
+    def mat(rows: int, cols: int) -> torch.Tensor:
+        return (torch.randn(rows, cols, generator=gen, device=device, dtype=torch.float32) * 0.02).to(dtype)
+
+    def ones(n: int) -> torch.Tensor:
+        return torch.ones(n, dtype=dtype, device=device)
+
+    w = {"embed_tokens.weight": mat(s.vocab, s.hidden), "norm.weight": ones(s.hidden)}
+    if not s.tie_embeddings:
+        w["lm_head.weight"] = mat(s.vocab, s.hidden)
+    for i in range(s.layers):
+        p = f"layers.{i}."
+        w.update({p + "input_layernorm.weight": ones(s.hidden), p + "post_attention_layernorm.weight": ones(s.hidden),
+                  p + "self_attn.q_proj.weight": mat(qd, s.hidden), p + "self_attn.k_proj.weight": mat(kd, s.hidden),
+                  p + "self_attn.v_proj.weight": mat(kd, s.hidden), p + "self_attn.o_proj.weight": mat(s.hidden, qd),
+                  p + "mlp.gate_proj.weight": mat(s.intermediate, s.hidden),
+                  p + "mlp.up_proj.weight": mat(s.intermediate, s.hidden),
+                  p + "mlp.down_proj.weight": mat(s.hidden, s.intermediate)})
+    return w
+
+
 class TorchLlama:
     """Ragged-batch Llama forward over a slot-contiguous preallocated KV cache.
 
@@ -184,14 +212,20 @@ class TorchLlama:
 
     KV_TILE = 512  # batch-invariant attention: keys per call in whole 512-key blocks of the flash kernel
 
-    def __init__(self, ckpt: str | Path, *, dtype: str = "bf16", max_slots: int = 8, max_context: int = 2048,
-                 batch_invariant: bool = True, device: str | torch.device = "cpu"):
+    def __init__(self, ckpt: str | Path | None, *, dtype: str = "bf16", max_slots: int = 8, max_context: int = 2048,
+                 batch_invariant: bool = True, device: str | torch.device = "cpu",
+                 weights: tuple[LlamaShape, dict] | None = None):
         """device: where weights, RoPE tables and the KV cache live (a model drafter beside
-        TensorRT-LLM runs on its GPU; the CPU engines are "cpu", the default)."""
+        TensorRT-LLM runs on its GPU; the CPU engines are "cpu", the default). weights: a
+        (shape, tensors) pair used instead of reading `ckpt` (random_weights' timing runs)."""
         self.dtype = DTYPES[dtype]
         self.device = torch.device(device)
         self.batch_invariant = batch_invariant and self.dtype == torch.bfloat16
-        self.shape, w = load_checkpoint(Path(ckpt), self.dtype)
+        if weights is not None:
+            self.shape, w = weights[0], {k: v.to(self.dtype) if v.is_floating_point() else v
+                                         for k, v in weights[1].items()}
+        else:
+            self.shape, w = load_checkpoint(Path(ckpt), self.dtype)
         if self.device.type != "cpu":
             w = {k: v.to(self.device) for k, v in w.items()}
         s = self.shape
