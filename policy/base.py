@@ -59,6 +59,15 @@ class Policy(abc.ABC):
         Default: none."""
         return {}
 
+    def speculates_at(self, batch_size: int, *, queue_len: int = 0, kv_free_blocks: int = 0,
+                      kv_total_blocks: int = 0) -> bool:
+        """Asked once per iteration, before an engine that pads every draft to one length
+        (TensorRT-LLM 1.2: backend/services/trtllm/drafter.py) schedules it: can any sequence of
+        a batch of `batch_size` speculate? False switches speculation off for the whole
+        iteration (no drafts, and no padded positions verified). Default True: the per-sequence
+        `decide` settles it inside the iteration."""
+        return True
+
     def on_request_start(self, seq_id: int) -> None:
         """A new sequence joined (MetaSD re-initialises per request)."""
 

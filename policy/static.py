@@ -19,6 +19,9 @@ class OffPolicy(Policy):
     def decide(self, ctx: StepContext) -> Decision:
         return Decision(arms={})
 
+    def speculates_at(self, batch_size: int, **load) -> bool:
+        return False
+
 
 @dataclass(frozen=True)
 class StaticConfig:
@@ -40,6 +43,9 @@ class StaticPolicy(Policy):
     def __init__(self, config=None, **kw):
         super().__init__(config, **kw)
         self.arm = Arm(self.cfg.drafter if self.cfg.gamma > 0 else None, self.cfg.gamma)
+
+    def speculates_at(self, batch_size: int, **load) -> bool:
+        return self.arm.speculates
 
     def decide(self, ctx: StepContext) -> Decision:
         if not self.arm.speculates or self.arm.drafter not in resident_names(ctx):

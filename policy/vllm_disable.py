@@ -27,6 +27,9 @@ class VllmDisableByBatchSize(Policy):
     name = "vllm_disable_by_batch_size"
     Config = VllmDisableConfig
 
+    def speculates_at(self, batch_size: int, **load) -> bool:
+        return batch_size < self.cfg.disable_batch_size
+
     def decide(self, ctx: StepContext) -> Decision:
         c = self.cfg
         if ctx.batch_size >= c.disable_batch_size or c.drafter not in resident_names(ctx):
