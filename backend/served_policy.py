@@ -14,6 +14,10 @@ from .server_config import ServerConfig
 
 log = logging.getLogger("specserve")
 
+# TensorRT-LLM pads drafts, so a curve of another engine would misprice it: until its own is
+# measured (profile_costs --engine trtllm), it plans with this one (docs/results.md, the H200 curve)
+TRTLLM_DEFAULTS = {"profile_path": Path(__file__).resolve().parents[1] / "configs/profiles/trtllm-default.json"}
+
 
 def engine_name(cfg: ServerConfig, root: Path) -> str:
     """The name (Engine.name) of the engine the config serves, without building it."""
@@ -32,7 +36,8 @@ def policy_params(cfg: ServerConfig, root: Path) -> Tuple[str, dict, Dict[str, P
     """(policy name, its parameters, the `{engine}` profiles it names that are not measured yet).
     Relative `*_path` parameters are relative to the project root, and `{engine}` in them is the
     served engine's name (torch/bf16 -> torch-bf16): each engine plans with its own measured
-    curve (build_engines/profile_costs.py). Missing profiles are left out of the parameters."""
+    curve (build_engines/profile_costs.py). Missing profiles are left out of the parameters,
+    except on trtllm, where a missing step-time profile is replaced by `TRTLLM_DEFAULTS`'s."""
     if not cfg.policy_config:
         return cfg.policy, {}, {}
     name, params = load_policy_config(str(cfg.resolve(cfg.policy_config, root)))
@@ -41,6 +46,13 @@ def policy_params(cfg: ServerConfig, root: Path) -> Tuple[str, dict, Dict[str, P
         if key.endswith("_path") and value:
             path = cfg.resolve(str(value).replace("{engine}", engine_name(cfg, root).replace("/", "-")), root)
             if "{engine}" in str(value) and not path.exists():
+                default = TRTLLM_DEFAULTS.get(key) if cfg.engine == "trtllm" else None
+                if default is not None:
+                    log.info("no %s at %s: the policy plans with TensorRT-LLM's default curve %s "
+                             "(measure its own: python -m build_engines.profile_costs --engine trtllm)",
+                             key, path, default)
+                    params[key] = str(default)
+                    continue
                 missing[key] = path
                 del params[key]
                 continue

@@ -29,6 +29,16 @@ smollm2-135m-llama.cpp-Q8_0.json, and the policy configs name it with `{engine}`
 (backend/served_policy.py fills in the served engine). The profile records which
 drafter it measured; a run whose drafter differs (one was built since) measures the
 drafter's tables again and keeps the target's.
+
+TensorRT-LLM (`--engine trtllm`, inside its container; NOT YET RUN ON A GPU) pads every draft of
+an iteration to one length, so its profile is the padded table of policy/profiles.py: the time
+of an iteration of B sequences each verifying t = 1 + K tokens (t = 1: speculation off), timed
+on TensorRT-LLM's LLM API with a drafter that always proposes K tokens (`trtllm_profile`).
+Until it is measured, the server plans with configs/profiles/trtllm-default.json, converted
+from a bench/gpu_step_costs.py run (a new run replaces it the same way):
+
+    python -m build_engines.profile_costs --from-gpu-step-costs docs/results/gpu_step_costs_h200.json \
+        --out configs/profiles/trtllm-default.json
 """
 from __future__ import annotations
 
@@ -37,7 +47,7 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 CTX_BUCKETS = (128, 512, 1536)
 TOKEN_BATCH = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -332,10 +342,214 @@ def reusable_target(path: Path, engine_name: str) -> Optional[dict]:
     return {k: have[k] for k in TARGET_KEYS if k in have}
 
 
+# -- TensorRT-LLM: the padded cost shape ---------------------------------------------------------
+# NOT YET RUN ON A GPU. Written against TensorRT-LLM 1.2 (the LLM API, PyTorch backend); it runs
+# only inside the TensorRT-LLM container. TensorRT-LLM 1.2 pads every draft of an iteration to
+# the drafter's static length K, so its step time is T(B, t = 1 + K) with every sequence
+# verifying t tokens, or T(B, 1) in an iteration where speculation is off: the padded table of
+# policy/profiles.py. One LLM per K (the length is static), and in each the drafter decides per
+# iteration whether speculation is on (`should_use_spec_decode`), so t = 1 is timed on the same
+# engine the policy switches speculation off in.
+TRTLLM_TOKENS = (1, 2, 3, 5, 9)  # t = 1 + K; 9: the served default K = 8 (trtllm serving.DEFAULT_MAX_DRAFT_LEN)
+TRTLLM_DEFAULT = Path(__file__).resolve().parents[1] / "configs" / "profiles" / "trtllm-default.json"
+# a point's iteration time: (wall time of LONG tokens - of SHORT) / (their iterations' difference),
+# so the prefill and the per-request set-up cancel out
+SHORT_TOKENS, LONG_TOKENS = 8, 40
+DRAFT_TOKEN = 13  # what the drafter proposes: rarely accepted; the iteration count is read, not assumed
+
+
+def monotone_in_t(row: Sequence[float]) -> List[float]:
+    """A row by tokens per sequence made non-decreasing: verifying more tokens never costs less
+    (a dip is noise or a kernel-choice artifact, docs/results.md), and a dip at t = 2 would make
+    speculation look cheaper than plain decoding.
+
+    >>> monotone_in_t([6.3, 6.1, 6.8, 6.5, 7.0])
+    [6.3, 6.3, 6.8, 6.8, 7.0]
+    """
+    out: List[float] = []
+    for x in row:
+        out.append(max(x, out[-1]) if out else x)
+    return out
+
+
+def padded_profile(ctx_buckets, batch, tokens, table, draft_s, source: str, **extra) -> dict:
+    """The padded step-time profile's JSON (policy/profiles.py): table[bucket][batch][t] seconds,
+    each row made `monotone_in_t`; draft_s[bucket][batch], the model drafter's one-token step."""
+    def us(xs):  # seconds to the tenth of a microsecond: the file stays readable
+        return [round(float(x), 7) for x in xs]
+
+    zeros = [0.0] * len(batch)
+    return {"profile_version": PROFILE_VERSION, "engine": "trtllm", "verify": "padded", "source": source,
+            "ctx_buckets": list(ctx_buckets), "batch": list(batch), "tokens_per_seq": list(tokens),
+            "padded_target_s": [[us(monotone_in_t(row)) for row in rows] for rows in table],
+            "token_batch": list(batch), "draft_s": [us(r) for r in draft_s],
+            "target_overhead_s": zeros, "draft_overhead_s": zeros,
+            **{k: [[us(row) for row in rows] for rows in v] if k == "measured_s" else v for k, v in extra.items()}}
+
+
+def from_gpu_step_costs(costs: dict, path: str) -> dict:
+    """A padded profile from a bench/gpu_step_costs.py run (`path`, its JSON `costs`): the target's
+    kernel time (gpu_s: what an engine replaying CUDA graphs, as TensorRT-LLM does, pays) as the
+    padded table, the draft layout's one-token kernel time as draft_s."""
+    source = (f"{costs['engine']} (our TorchLlama) on an {costs['device']}, {costs['layout']} layout with random "
+              f"{costs['dtype']} weights, draft {costs.get('draft_layout', '?')}, {costs['date']}: kernel time (gpu_s) "
+              f"by bench/gpu_step_costs.py, {path} (docs/results.md, 'The first GPU cost curve'); rows made "
+              f"non-decreasing in t. Not TensorRT-LLM's own: profile_costs --engine trtllm measures that")
+    draft = [[r[0] for r in rows] for rows in costs["draft"]["gpu_s"]]
+    return padded_profile(costs["ctx"], costs["batch"], costs["tokens_per_seq"], costs["target"]["gpu_s"], draft,
+                          source, measured_s=costs["target"]["gpu_s"])
+
+
+def padded_table(ctx_buckets, batches, tokens, timer_for) -> List[List[List[float]]]:
+    """table[bucket][batch][t]: `timer_for(K)` is a timer on an engine padding drafts to K,
+    `timer(ctx, b, speculate) -> seconds` (speculate False: a plain iteration, t = 1), with an
+    optional close(). One engine per K; t = 1 is timed on the first."""
+    table = [[[0.0] * len(tokens) for _ in batches] for _ in ctx_buckets]
+    ks = sorted({t - 1 for t in tokens if t > 1}) or [1]
+    for k in ks:
+        timer = timer_for(k)
+        try:
+            cols = [i for i, t in enumerate(tokens) if t - 1 == k or (t == 1 and k == ks[0])]
+            for ci, ctx in enumerate(ctx_buckets):
+                for bi, b in enumerate(batches):
+                    for ti in cols:
+                        table[ci][bi][ti] = timer(ctx, b, tokens[ti] > 1)
+                        log(f"trtllm K={k}: context {ctx:5d}, B={b:4d}, t={tokens[ti]}: "
+                            f"{1000 * table[ci][bi][ti]:8.2f} ms an iteration")
+        finally:
+            getattr(timer, "close", lambda: None)()
+    return table
+
+
+def trtllm_profile(checkpoint: Path, timer_for, tokens: Sequence[int] = TRTLLM_TOKENS,
+                   default: Path = TRTLLM_DEFAULT) -> dict:
+    """TensorRT-LLM's padded profile over the default curve's context buckets and batch sizes. The
+    model drafter's table is the default curve's (a 1B layout on an H200): this measures the
+    target only."""
+    base = json.loads(Path(default).read_text())
+    t0 = time.monotonic()
+    table = padded_table(base["ctx_buckets"], base["batch"], tokens, timer_for)
+    source = (f"build_engines/profile_costs.py --engine trtllm on {checkpoint}: iteration wall time of "
+              f"TensorRT-LLM (LLM API, PyTorch backend); draft_s from {Path(default).name}")
+    return padded_profile(base["ctx_buckets"], base["batch"], tokens, table, base["draft_s"], source,
+                          checkpoint=str(checkpoint), measured_s=table,
+                          built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                          elapsed_s=round(time.monotonic() - t0, 1))
+
+
+class CountingDrafterLogic:
+    """The profiling drafter: proposes K tokens for every generation request (the padded shape
+    whatever is drafted), turns speculation on or off per iteration (`speculate`), and counts the
+    iterations TensorRT-LLM runs with requests (`should_use_spec_decode` is asked once per
+    iteration, on or off). `counting_drafter` puts it on TensorRT-LLM's Drafter base."""
+
+    def __init__(self, max_draft_len: int):
+        super().__init__(max_draft_len=max_draft_len, max_total_draft_tokens=max_draft_len, max_concurrency=None)
+        self.k, self.speculate, self.iterations = max_draft_len, True, 0
+
+    def should_use_spec_decode(self, requests, max_batch_size, max_num_tokens, max_total_draft_tokens) -> bool:
+        if requests:
+            self.iterations += 1
+        return self.speculate
+
+    def prepare_draft_tokens(self, scheduled_requests, resource_manager=None) -> None:
+        for r in scheduled_requests.generation_requests:
+            r.py_draft_tokens = [DRAFT_TOKEN] * self.k
+
+
+def counting_drafter(max_draft_len: int):
+    # tensorrt_llm only through backend/services/trtllm/_api.py (the only module importing it)
+    from backend.services.trtllm import _api
+    cls = type("CountingDrafter", (CountingDrafterLogic, _api.drafter_base()), {})
+    return cls(max_draft_len)
+
+
+class TrtllmTimer:
+    """Iteration time of B concurrent greedy requests at `ctx` cached tokens on one LLM: the
+    difference of a LONG_TOKENS and a SHORT_TOKENS run of the same prompts (the cache reuses
+    their blocks after the warm-up run, so the prefill is short, and cancels anyway) over the
+    difference of their iterations, the lower median of `repeats` pairs."""
+
+    def __init__(self, llm, drafter, end_id: int, repeats: int = 3, clock: Callable[[], float] = time.perf_counter):
+        self.llm, self.drafter, self.end_id, self.repeats, self.clock = llm, drafter, end_id, repeats, clock
+
+    @classmethod
+    def build(cls, checkpoint: Path, max_draft_len: int, max_batch: int, max_context: int, repeats: int = 3):
+        """NOT YET RUN ON A GPU. The LLM as serving builds it (PyTorch backend, overlap scheduler
+        off, our tokenizer), with the counting drafter; the executor in this process, so the
+        drafter's counts are the ones read here."""
+        import os
+
+        from backend.services.trtllm import _api
+        os.environ.setdefault("TLLM_WORKER_USE_SINGLE_PROCESS", "1")
+        drafter = counting_drafter(max_draft_len)
+        llm = _api.llm_class()(
+            model=str(checkpoint), backend="pytorch", skip_tokenizer_init=True, disable_overlap_scheduler=True,
+            speculative_config=_api.user_provided_decoding_config()(max_draft_len=max_draft_len, drafter=drafter),
+            kv_cache_config=_api.kv_cache_config()(enable_block_reuse=True),
+            max_batch_size=max_batch, max_seq_len=max_context + LONG_TOKENS + max_draft_len + 8)
+        return cls(llm, drafter, eos_id(checkpoint), repeats)
+
+    def _run(self, prompts, max_tokens: int) -> Tuple[float, int]:
+        from backend.services.trtllm import _api
+        params = _api.sampling_params_class()(max_tokens=max_tokens, end_id=self.end_id, pad_id=self.end_id,
+                                              top_k=1, ignore_eos=True, detokenize=False)
+        n0, t0 = self.drafter.iterations, self.clock()
+        self.llm.generate(prompts, params)
+        return self.clock() - t0, self.drafter.iterations - n0
+
+    def __call__(self, ctx: int, b: int, speculate: bool) -> float:
+        import random
+        rng = random.Random(ctx * 1000 + b)
+        prompts = [[rng.randrange(100, 1000) for _ in range(ctx)] for _ in range(b)]
+        self.drafter.speculate = speculate
+        self._run(prompts, SHORT_TOKENS)  # warm-up: fills the cache the timed runs reuse
+        samples = []
+        for _ in range(self.repeats):
+            (t_s, n_s), (t_l, n_l) = self._run(prompts, SHORT_TOKENS), self._run(prompts, LONG_TOKENS)
+            samples.append((t_l - t_s) / max(1, n_l - n_s))
+        return statistics.median_low(samples)
+
+    def close(self) -> None:
+        self.llm.shutdown()
+
+
+def eos_id(checkpoint: Path) -> int:
+    """The checkpoint's end-of-sequence token (config.json), for SamplingParams' end_id."""
+    eos = json.loads((Path(checkpoint) / "config.json").read_text()).get("eos_token_id", 0)
+    return int(eos[0] if isinstance(eos, list) else eos)
+
+
+def main_trtllm(args) -> int:
+    """NOT YET RUN ON A GPU. --engine trtllm: measure TensorRT-LLM's padded profile (no budget:
+    the whole grid, a few minutes per K on a GPU)."""
+    out = args.out_dir / profile_name(args.model, "trtllm")
+    if out.exists() and not args.force:
+        log(f"{out} exists; --force to measure again")
+        return 0
+    base = json.loads(TRTLLM_DEFAULT.read_text())
+    max_batch, max_context = max(base["batch"]), max(base["ctx_buckets"])
+    result = trtllm_profile(args.checkpoint, lambda k: TrtllmTimer.build(args.checkpoint, k, max_batch, max_context,
+                                                                         args.repeats))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    log(f"wrote {out} in {result['elapsed_s']:.0f} s")
+    return 0
+
+
+def main_convert(source: Path, out: Path) -> int:
+    """--from-gpu-step-costs: a bench/gpu_step_costs.py run as a padded profile (the trtllm default)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(from_gpu_step_costs(json.loads(source.read_text()), str(source)), indent=1) + "\n")
+    log(f"wrote {out} from {source}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", type=Path, default=Path(".cache/models/smollm2-135m-instruct"))
-    ap.add_argument("--engine", default="llama.cpp", choices=["llama.cpp", "torch"])
+    ap.add_argument("--engine", default="llama.cpp", choices=["llama.cpp", "torch", "trtllm"],
+                    help="trtllm: TensorRT-LLM's padded profile, inside its container (NOT YET RUN ON A GPU)")
     ap.add_argument("--dtype", default="bf16", help="torch engine's dtype")
     ap.add_argument("--no-batch-invariant", action="store_true", help="torch engine, bf16: the batch-variant kernels")
     ap.add_argument("--gguf", default="", help="llama.cpp engine: this GGUF instead of the checkpoint's")
@@ -346,7 +560,14 @@ def main(argv=None) -> int:
                     help="time for the whole profile; points that do not fit are interpolated")
     ap.add_argument("--drafter-dir", type=Path, default=Path(".cache/drafters"))
     ap.add_argument("--force", action="store_true")
+    ap.add_argument("--from-gpu-step-costs", type=Path, default=None, metavar="JSON",
+                    help="convert a bench/gpu_step_costs.py run into a padded profile (--out) and exit")
+    ap.add_argument("--out", type=Path, default=TRTLLM_DEFAULT, help="--from-gpu-step-costs: the profile written")
     args = ap.parse_args(argv)
+    if args.from_gpu_step_costs is not None:
+        return main_convert(args.from_gpu_step_costs, args.out)
+    if args.engine == "trtllm":
+        return main_trtllm(args)
     from backend.served_policy import engine_name
     from backend.server_config import ServerConfig
     served = ServerConfig(checkpoint=str(args.checkpoint), engine=args.engine, dtype=args.dtype, gguf=args.gguf,

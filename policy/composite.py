@@ -10,6 +10,7 @@ plan, drafting depth, KV pressure, and learning from each StepOutcome alone.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
@@ -18,7 +19,7 @@ from .base import Policy, bucket_of, register
 from .elastic import ElasticMemory, tau_low_blocks
 from .goodput import expected_tokens
 from .params import in_range, require
-from .planner import Plan, optimism_bonus, optimistic_goodput, plan_step
+from .planner import Plan, optimism_bonus, optimistic_goodput, plan_step, speculation_pays
 from .profiles import StepTimeProfile, SwitchCostTable
 from .rewards import acceptance_trials
 from .steptime import StepTimeModel, kind_of
@@ -83,6 +84,14 @@ class _Batch(NamedTuple):
     rows: Dict[tuple, List[float]]  # (k, n_model) -> time row: the plans of a step often share one
 
 
+class _Seen(NamedTuple):
+    """What `speculates_at` plans with from the latest step decided: the batch's mean context,
+    the SLO, and the drafters usable then."""
+    ctx_len: float
+    slo: Optional[float]
+    usable: Tuple[str, ...]
+
+
 class _Candidate(NamedTuple):
     picks: Picks
     plan: Plan
@@ -126,6 +135,7 @@ class Composite(Policy):
         self.memory = ElasticMemory(c.tau_low_frac, c.t_persist)
         self.model_drafters: Dict[str, bool] = {}  # a static fact, from every context seen
         self._drafting: Optional[_Drafting] = None
+        self._seen = _Seen(0.0, None, tuple(c.drafters))
 
     def alpha(self, seq_id: int, drafter: str) -> float:
         return self.acceptance.alpha(seq_id, drafter)
@@ -141,6 +151,7 @@ class Composite(Policy):
             return Decision(arms={})
         info = {d.name: d for d in ctx.drafters}
         usable = [d for d in c.drafters if d in info and info[d].resident]
+        self._seen = _Seen(sum([v.context_len for v in ctx.sequences]) / b, ctx.tpot_slo_s, tuple(usable))
         # KV headroom: while requests wait and free blocks are short, drafts would preempt them
         pressure = ctx.queue_len > 0 and ctx.kv_free_blocks < tau_low_blocks(ctx, c.tau_low_frac)
         arms = self._choose(ctx, usable, info) if usable and not pressure else {}
@@ -161,7 +172,7 @@ class Composite(Policy):
         self.model_drafters.update(is_model)
         bucket = bucket_of(b)
         counts = self.pulls.get(bucket) or [0] * (self.cfg.gamma_max + 1)
-        step = _Batch(ctx, bucket, sum([v.context_len for v in ctx.sequences]) / b,
+        step = _Batch(ctx, bucket, self._seen.ctx_len,
                       optimism_bonus(counts[:self.cfg.gamma_max + 1], sum(counts) + 1, self.cfg.optimism), is_model, {})
         free = [d for d in usable if not is_model[d]]
         picks = self._ready(ctx, self._picks(ctx, usable), usable, is_model)
@@ -259,7 +270,7 @@ class Composite(Policy):
         amortised = self.c_switch(l_max, b) / c.switch_amortise_steps if n_model else 0.0
 
         def step_time(n_tokens: int, gamma: int, n_m: int) -> float:
-            return times.step_time(bucket, ctx_len, n_tokens, gamma, n_m)
+            return times.step_time(bucket, ctx_len, n_tokens, gamma, n_m, b)
 
         if cand is None:
             plan = plan_step(picks.alphas, model, self._row(step, b, n_model), step_time, step.bonus,
@@ -301,6 +312,27 @@ class Composite(Policy):
         arms = {d: Arm(d, plan.gamma) for d in {picks.drafters[i] for _, i in kept}}  # immutable: shared
         return {s: arms[picks.drafters[i]] for s, i in kept}
 
+    def speculates_at(self, batch_size: int, *, queue_len: int = 0, kv_free_blocks: int = 0,
+                      kv_total_blocks: int = 0) -> bool:
+        """Whether an iteration of `batch_size` sequences should speculate at all (asked before an
+        engine that pads drafts schedules it, `Policy.speculates_at`): some gamma >= 1 beats plain
+        decoding in expected goodput, the whole batch drafting with one usable drafter at its
+        global alpha, at the mean context and SLO of the latest step decided, with the step times
+        as corrected so far (a padded profile: T(batch, 1 + gamma)). No optimism: exploring is
+        `decide`'s. It only reads what was learned (no RNG, no counters); a few table look-ups."""
+        c = self.cfg
+        if batch_size < 1:
+            return False
+        if queue_len > 0 and kv_free_blocks < math.ceil(c.tau_low_frac * kv_total_blocks):
+            return False  # KV pressure: `decide` would draft for no sequence (tau_low_blocks)
+        seen, bucket = self._seen, bucket_of(batch_size)
+        for d in seen.usable:
+            n_model = batch_size if self.model_drafters.get(d, False) else 0
+            row = self.times.row(bucket, batch_size, seen.ctx_len, batch_size, n_model, c.gamma_max)
+            if speculation_pays(self.acceptance.global_alpha(d), row, seen.slo):
+                return True
+        return False
+
     def continue_drafting(self, ctx: StepContext, seq_id: int, confidences: list) -> bool:
         """Drafting depth (AdaSpec's predict-execute-correct, with our model): the s tokens
         drafted so far survive with probability C_s = prod q (the drafter's own
@@ -323,7 +355,7 @@ class Composite(Policy):
 
         def t(k: int) -> float:  # at B > 1 the other sequences keep the batch drafting to gamma
             return self.times.step_time(st.bucket, st.ctx_len, st.n_tokens - st.gamma + k,
-                                        k if st.batch == 1 else st.gamma, st.n_model) + st.amortised
+                                        k if st.batch == 1 else st.gamma, st.n_model, st.batch) + st.amortised
 
         return (e_rest + e_i + c * a_next) / t(s + 1) > (e_rest + e_i) / t(s)
 
@@ -379,11 +411,11 @@ class Composite(Policy):
         kind = kind_of(gamma, n_model)
         bucket = bucket_of(b)
         if played == gamma:
-            profiled: Optional[float] = self.times.profiled(ctx_len, b + n_tok, gamma, n_model)
+            profiled: Optional[float] = self.times.profiled(ctx_len, b + n_tok, gamma, n_model, b)
         elif played == 0:
             kind, gamma, profiled = "none", 0, None
         else:  # drafting stopped early (continue_drafting): the profile of what was played
-            gamma, profiled = played, self.times.profiled(ctx_len, b + played_tok, played, n_model)
+            gamma, profiled = played, self.times.profiled(ctx_len, b + played_tok, played, n_model, b)
         if profiled:
             # the catch-up the step paid: its model-drafted sequences' (the plan priced those it
             # picked for the model drafter before elimination, which the outcome does not list)

@@ -155,3 +155,22 @@ def optimistic_goodput(alphas: Sequence[float], batch: int, times: Sequence[floa
         if slo is None or t <= slo:
             best = max(best, (e_sum[g] + batch - k) / t)
     return best
+
+
+def speculation_pays(alpha: float, times: Sequence[float], slo: Optional[float]) -> bool:
+    """Whether some gamma >= 1, every sequence drafting at acceptance rate alpha, has a higher
+    expected goodput than plain decoding: E(alpha, g) / T(g) > 1 / T(0) for a g whose step time
+    meets the SLO (as in `plan_step`, plain decoding that misses the SLO loses to any g that
+    meets it). times[g]: step time of the batch with every sequence drafting g.
+
+    >>> speculation_pays(0.6, [0.010, 0.011, 0.012], None)   # E(.6, 1) = 1.6 for 10% more time
+    True
+    >>> speculation_pays(0.6, [0.010, 0.020, 0.030], None)   # a padded batch: each token costs a step
+    False
+    >>> speculation_pays(0.6, [0.010, 0.011, 0.012], slo=0.0105)
+    False
+    """
+    t0 = times[0]
+    plain = 1.0 / t0 if slo is None or t0 <= slo else -1.0
+    return any(expected_tokens(alpha, g) / t > plain
+               for g, t in enumerate(times) if g and (slo is None or t <= slo))

@@ -8,10 +8,17 @@ Step-time JSON (AdaSpec):
     {"ctx_buckets": [256, 1024], "token_batch": [1, 2, 4, ...],
      "target_s": [[...per token_batch...], ...per bucket], "draft_s": [[...]],
      "target_overhead_s": [...per token_batch], "draft_overhead_s": [...]}
+An engine that pads every draft of an iteration to one length (TensorRT-LLM 1.2) adds its
+cost shape, the target's time by batch size x tokens verified per sequence (t = 1 + gamma):
+    {"verify": "padded", "batch": [1, 2, ...], "tokens_per_seq": [1, 2, ...],
+     "padded_target_s": [[[...per t...] ...per batch] ...per bucket], ...}
+where token_batch / target_s may be left out (then: token_batch = batch, and target_s read
+from the padded table at B = max(1, n // 4) sequences of n / B tokens, profile_costs' shape).
 """
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass
@@ -80,7 +87,19 @@ class SwitchCostTable:
 @dataclass(frozen=True)
 class StepTimeProfile:
     """AdaSpec's tables: per context bucket, forward time by token-batch size, a
-    per-bucket linear fit for extrapolation beyond the grid, and fixed overheads."""
+    per-bucket linear fit for extrapolation beyond the grid, and fixed overheads.
+
+    Optionally the padded cost shape (`padded`): the target's time of an iteration in which
+    every one of `batch` sequences verifies t tokens, whatever their own drafts were.
+
+    >>> p = StepTimeProfile((512,), (1, 2), ((0.01, 0.01),), ((0.001, 0.001),), (0.0, 0.0), (0.0, 0.0),
+    ...                     padded_batch=(1, 8), padded_tokens=(1, 2),
+    ...                     padded_target_s=(((0.010, 0.011), (0.012, 0.020)),))
+    >>> p.padded, round(p.target_padded(100, 8, 2), 4), round(p.target_padded(100, 4.5, 2), 4)
+    (True, 0.02, 0.0155)
+    >>> round(p.target_padded(100, 15, 3), 4)   # beyond the grid: B=15 gives .014, .029, so t=3 .044
+    0.044
+    """
 
     ctx_buckets: Tuple[int, ...]
     token_batch: Tuple[int, ...]
@@ -88,21 +107,34 @@ class StepTimeProfile:
     draft_s: Tuple[Tuple[float, ...], ...]
     target_overhead_s: Tuple[float, ...]
     draft_overhead_s: Tuple[float, ...]
+    padded_batch: Tuple[int, ...] = ()
+    padded_tokens: Tuple[int, ...] = ()  # tokens verified per sequence, t = 1 + gamma
+    padded_target_s: Tuple[Tuple[Tuple[float, ...], ...], ...] = ()  # [bucket][batch][t]
+
+    @property
+    def padded(self) -> bool:
+        """Whether the engine pads drafts: then an iteration's target time is `target_padded`."""
+        return bool(self.padded_target_s)
 
     def bucket(self, ctx_len: float) -> int:
         """Index of the smallest bucket >= ctx_len (last bucket beyond the grid)."""
         return min(bisect.bisect_left(self.ctx_buckets, ctx_len), len(self.ctx_buckets) - 1)
 
     def _lookup(self, table, bucket: int, n: float) -> float:
-        xs, ys = self.token_batch, table[bucket]
-        if n <= xs[-1]:
-            return interp1(xs, ys, n)
-        slope, icpt = _linear_fit(xs, ys)
-        return slope * n + icpt
+        return _extended(self.token_batch, table[bucket], n)
 
     def target(self, ctx_len: float, n_tokens: float) -> float:
         b = self.bucket(ctx_len)
         return self._lookup(self.target_s, b, n_tokens) + interp1(self.token_batch, self.target_overhead_s, n_tokens)
+
+    def target_padded(self, ctx_len: float, batch: float, tokens_per_seq: float) -> float:
+        """Target time of an iteration of `batch` sequences each verifying `tokens_per_seq`
+        tokens: piecewise-linear in both inside the grid, linear beyond it (as `target`), plus
+        the fixed overhead at its token count."""
+        rows = self.padded_target_s[self.bucket(ctx_len)]
+        by_t = tuple(_extended(self.padded_batch, col, batch) for col in zip(*rows))
+        return (_extended(self.padded_tokens, by_t, tokens_per_seq)
+                + interp1(self.token_batch, self.target_overhead_s, batch * tokens_per_seq))
 
     def draft(self, ctx_len: float, batch: float) -> float:
         b = self.bucket(ctx_len)
@@ -127,16 +159,52 @@ class StepTimeProfile:
             return cls.default()
         d = _read_json(path)
         try:
-            n = len(d["token_batch"])
-            zeros = [0.0] * n
-            p = cls(tuple(d["ctx_buckets"]), tuple(d["token_batch"]),
-                    tuple(tuple(map(float, r)) for r in d["target_s"]),
+            padded = _padded_fields(d)
+            token_batch = tuple(d["token_batch"] if "token_batch" in d or not padded else d["batch"])
+            zeros = [0.0] * len(token_batch)
+            p = cls(tuple(d["ctx_buckets"]), token_batch,
+                    tuple(tuple(map(float, r)) for r in d["target_s"]) if "target_s" in d or not padded else (),
                     tuple(tuple(map(float, r)) for r in d["draft_s"]),
                     tuple(map(float, d.get("target_overhead_s", zeros))),
-                    tuple(map(float, d.get("draft_overhead_s", zeros))))
+                    tuple(map(float, d.get("draft_overhead_s", zeros))), **padded)
         except (KeyError, TypeError, ValueError) as e:
             raise PolicyConfigError(f"step-time profile {path!r} malformed: {e}") from None
+        if p.padded and not p.target_s:
+            p = dataclasses.replace(p, target_s=token_batch_table(p))
         return p
+
+
+def _padded_fields(d: dict) -> dict:
+    """The padded table's fields of a profile's JSON (none for an engine that does not pad)."""
+    if d.get("verify", "ragged") != "padded":
+        return {}
+    ctx, batch, tokens = d["ctx_buckets"], tuple(d["batch"]), tuple(d["tokens_per_seq"])
+    table = tuple(tuple(tuple(map(float, row)) for row in rows) for rows in d["padded_target_s"])
+    if len(table) != len(ctx) or any(len(rows) != len(batch) or any(len(r) != len(tokens) for r in rows)
+                                     for rows in table):
+        raise ValueError("padded_target_s must be len(ctx_buckets) x len(batch) x len(tokens_per_seq)")
+    return {"padded_batch": batch, "padded_tokens": tokens, "padded_target_s": table}
+
+
+def token_batch_table(p: StepTimeProfile) -> Tuple[Tuple[float, ...], ...]:
+    """A padded profile's target time by token batch n, for the policies that read it so
+    (AdaSpec, SmartSpec): n tokens as B = max(1, n // 4) sequences of n / B tokens each, the
+    shape build_engines/profile_costs.py measures token batches in."""
+    def shape(n: int) -> Tuple[int, float]:
+        b = max(1, n // 4)
+        return b, n / b
+
+    return tuple(tuple(p.target_padded(ctx, *shape(n)) - interp1(p.token_batch, p.target_overhead_s, n)
+                       for n in p.token_batch) for ctx in p.ctx_buckets)
+
+
+def _extended(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """Piecewise-linear inside the grid; beyond its last point, the least-squares line through
+    all of it (a cost grows about linearly there; the last segment alone is noisy)."""
+    if x <= xs[-1]:
+        return interp1(xs, ys, x)
+    slope, icpt = _linear_fit(tuple(xs), tuple(ys))
+    return slope * x + icpt
 
 
 @functools.lru_cache(maxsize=64)

@@ -2,7 +2,7 @@
 `## composite`): the offline profile, corrected online by what steps really took."""
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from .profiles import StepTimeProfile
 
@@ -47,16 +47,21 @@ class StepTimeModel:
         self._nearest: Dict[tuple, Dict[int, tuple]] = {}
         self._profiled: Dict[tuple, object] = {}  # memo of the profile's answers
 
-    def profiled(self, ctx_len: float, n_tokens: int, gamma: int, n_model: int) -> float:
+    def profiled(self, ctx_len: float, n_tokens: int, gamma: int, n_model: int, batch: Optional[int] = None) -> float:
         """Profile time of one step: the target over n_tokens at the mean context (+ gamma/2,
         the drafts' own positions), plus, when n_model sequences draft with a model
-        drafter, its gamma sub-steps and its fixed overhead."""
+        drafter, its gamma sub-steps and its fixed overhead. With a padded profile and the
+        batch size, the target part is T(batch, 1 + gamma) whatever n_tokens says: the engine
+        verifies the iteration's gamma on every sequence (gamma 0: a plain step)."""
         p = self.profile
         drafts = bool(n_model and gamma)
-        key = (p.bucket(ctx_len + gamma / 2), p.bucket(ctx_len) if drafts else -1, n_tokens, gamma, n_model)
+        padded = p.padded and batch is not None
+        size = ("batch", batch) if padded else n_tokens  # what the target's table reads
+        key = (p.bucket(ctx_len + gamma / 2), p.bucket(ctx_len) if drafts else -1, size, gamma, n_model)
         t = self._profiled.get(key)  # memoised by what the tables read: the context's buckets
         if t is None:
-            t = p.target(ctx_len + gamma / 2, n_tokens)
+            ctx = ctx_len + gamma / 2
+            t = p.target_padded(ctx, batch, 1 + gamma) if padded else p.target(ctx, n_tokens)
             if drafts:
                 t += gamma * p.draft(ctx_len, n_model) + p.draft_overhead(n_model)
             self._remember(key, t)
@@ -68,11 +73,11 @@ class StepTimeModel:
         p = self.profile
         lo = p.bucket(ctx_len)
         if p.bucket(ctx_len + gamma_max / 2) != lo:
-            return [self.profiled(ctx_len, batch + k * g, g, n_model) for g in range(gamma_max + 1)]
+            return [self.profiled(ctx_len, batch + k * g, g, n_model, batch) for g in range(gamma_max + 1)]
         key = ("row", lo, batch, k, n_model, gamma_max)
         row = self._profiled.get(key)
         if row is None:
-            row = [self.profiled(ctx_len, batch + k * g, g, n_model) for g in range(gamma_max + 1)]
+            row = [self.profiled(ctx_len, batch + k * g, g, n_model, batch) for g in range(gamma_max + 1)]
             self._remember(key, row)
         return row
 
@@ -104,12 +109,15 @@ class StepTimeModel:
         d = min(abs(g - gamma) for g in seen)
         return tuple((g, v) for g, v in seen.items() if abs(g - gamma) == d)
 
-    def step_time(self, bucket: int, ctx_len: float, n_tokens: int, gamma: int, n_model: int) -> float:
-        profiled = self.profiled(ctx_len, n_tokens, gamma, n_model)
+    def step_time(self, bucket: int, ctx_len: float, n_tokens: int, gamma: int, n_model: int,
+                  batch: Optional[int] = None) -> float:
+        """`profiled` (batch: see there) x the correction learned for its bucket, kind and gamma."""
+        profiled = self.profiled(ctx_len, n_tokens, gamma, n_model, batch)
         return profiled * self.correction(bucket, kind_of(gamma, n_model), gamma)
 
     def row(self, bucket: int, batch: int, ctx_len: float, k: int, n_model: int, gamma_max: int) -> List[float]:
-        """[step time with k of the batch's sequences drafting g tokens, for g in 0..gamma_max]."""
+        """[step time with k of the batch's sequences drafting g tokens, for g in 0..gamma_max]
+        (a padded profile: every sequence of the batch verifies g, `profiled`)."""
         kind, corr = kind_of(1, n_model), self.correction
         prof = self.profiled_row(ctx_len, batch, k, n_model, gamma_max)
         return [prof[0] * corr(bucket, "none", 0)] + [prof[g] * corr(bucket, kind, g) for g in range(1, gamma_max + 1)]
