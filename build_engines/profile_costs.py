@@ -372,14 +372,22 @@ def monotone_in_t(row: Sequence[float]) -> List[float]:
     return out
 
 
-def padded_profile(ctx_buckets, batch, tokens, table, draft_s, source: str, **extra) -> dict:
+# TensorRT-LLM 1.2 pads every draft to the served max_draft_len (backend/services/trtllm/serving.py's
+# DEFAULT_MAX_DRAFT_LEN): an iteration that speculates verifies 1 + this on every sequence
+PAD_TO = 8
+
+
+def padded_profile(ctx_buckets, batch, tokens, table, draft_s, source: str, pad_to: int = PAD_TO, **extra) -> dict:
     """The padded step-time profile's JSON (policy/profiles.py): table[bucket][batch][t] seconds,
-    each row made `monotone_in_t`; draft_s[bucket][batch], the model drafter's one-token step."""
+    each row made `monotone_in_t`; draft_s[bucket][batch], the model drafter's one-token step;
+    pad_to: the static length the engine pads drafts to (the policy prices any speculating
+    iteration at t = 1 + pad_to)."""
     def us(xs):  # seconds to the tenth of a microsecond: the file stays readable
         return [round(float(x), 7) for x in xs]
 
     zeros = [0.0] * len(batch)
-    return {"profile_version": PROFILE_VERSION, "engine": "trtllm", "verify": "padded", "source": source,
+    return {"profile_version": PROFILE_VERSION, "engine": "trtllm", "verify": "padded", "pad_to": pad_to,
+            "source": source,
             "ctx_buckets": list(ctx_buckets), "batch": list(batch), "tokens_per_seq": list(tokens),
             "padded_target_s": [[us(monotone_in_t(row)) for row in rows] for rows in table],
             "token_batch": list(batch), "draft_s": [us(r) for r in draft_s],

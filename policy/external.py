@@ -88,6 +88,17 @@ class IterationDrafter:
         self._pending = self.spec.propose(ctx, active)
         return {a.seq_id: list(d.tokens) for a, d in zip(self._pending.batch, self._pending.drafts)}
 
+    def close(self, generating: Sequence[Generating], finished: Sequence[Generating] = ()) -> Optional[StepOutcome]:
+        """Close the previous iteration as soon as its tokens are committed, before the next one
+        runs: an engine that may run that one without the hook (speculation off) commits plain
+        tokens the drafts had no part in. `finished` requests leave the speculator."""
+        outcome = self._close({r.request_id: r for r in list(finished) + list(generating)})
+        for r in finished:
+            if r.request_id in self._known:
+                self.spec.leave(r.request_id)
+                del self._known[r.request_id]
+        return outcome
+
     def finish(self, finished: Sequence[Generating] = ()) -> Optional[StepOutcome]:
         """Close the last iteration (at shutdown, or when the engine goes idle)."""
         outcome = self._close({r.request_id: r for r in finished})

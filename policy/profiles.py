@@ -110,6 +110,18 @@ class StepTimeProfile:
     padded_batch: Tuple[int, ...] = ()
     padded_tokens: Tuple[int, ...] = ()  # tokens verified per sequence, t = 1 + gamma
     padded_target_s: Tuple[Tuple[Tuple[float, ...], ...], ...] = ()  # [bucket][batch][t]
+    pad_to: Optional[int] = None  # the engine pads every draft to this static length (TensorRT-LLM 1.2)
+
+    def verified_per_seq(self, gamma: int) -> int:
+        """Tokens each sequence verifies in an iteration whose largest gamma is `gamma`: 1 + gamma,
+        or 1 + pad_to in any iteration that speculates when the engine pads to a static length.
+
+        >>> import dataclasses
+        >>> p = StepTimeProfile.default()
+        >>> p.verified_per_seq(0), p.verified_per_seq(3), dataclasses.replace(p, pad_to=8).verified_per_seq(3)
+        (1, 4, 9)
+        """
+        return 1 if gamma <= 0 else 1 + (self.pad_to if self.pad_to else gamma)
 
     @property
     def padded(self) -> bool:
@@ -183,7 +195,9 @@ def _padded_fields(d: dict) -> dict:
     if len(table) != len(ctx) or any(len(rows) != len(batch) or any(len(r) != len(tokens) for r in rows)
                                      for rows in table):
         raise ValueError("padded_target_s must be len(ctx_buckets) x len(batch) x len(tokens_per_seq)")
-    return {"padded_batch": batch, "padded_tokens": tokens, "padded_target_s": table}
+    pad_to = d.get("pad_to")
+    return {"padded_batch": batch, "padded_tokens": tokens, "padded_target_s": table,
+            "pad_to": int(pad_to) if pad_to else None}
 
 
 def token_batch_table(p: StepTimeProfile) -> Tuple[Tuple[float, ...], ...]:

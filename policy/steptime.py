@@ -52,7 +52,8 @@ class StepTimeModel:
         the drafts' own positions), plus, when n_model sequences draft with a model
         drafter, its gamma sub-steps and its fixed overhead. With a padded profile and the
         batch size, the target part is T(batch, 1 + gamma) whatever n_tokens says: the engine
-        verifies the iteration's gamma on every sequence (gamma 0: a plain step)."""
+        verifies the iteration's gamma on every sequence (gamma 0: a plain step), or
+        T(batch, 1 + pad_to) when it pads to a static length (TensorRT-LLM 1.2)."""
         p = self.profile
         drafts = bool(n_model and gamma)
         padded = p.padded and batch is not None
@@ -61,7 +62,7 @@ class StepTimeModel:
         t = self._profiled.get(key)  # memoised by what the tables read: the context's buckets
         if t is None:
             ctx = ctx_len + gamma / 2
-            t = p.target_padded(ctx, batch, 1 + gamma) if padded else p.target(ctx, n_tokens)
+            t = p.target_padded(ctx, batch, p.verified_per_seq(gamma)) if padded else p.target(ctx, n_tokens)
             if drafts:
                 t += gamma * p.draft(ctx_len, n_model) + p.draft_overhead(n_model)
             self._remember(key, t)

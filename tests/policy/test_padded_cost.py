@@ -224,3 +224,23 @@ def test_the_default_trtllm_curve_says_where_it_came_from():
     assert p.target_padded(512, 128, 1) == pytest.approx(0.01352, abs=1e-5)
     assert p.target_padded(512, 128, 8) == pytest.approx(0.03298, abs=1e-5)  # t=8 read up to t=7's (monotone)
     assert p.draft(512, 1) == pytest.approx(0.00182, abs=1e-5)
+
+
+def test_a_static_pad_length_prices_every_speculating_iteration_at_it():
+    """TensorRT-LLM 1.2 pads to the served max_draft_len whatever gamma is (pad_to): a step of any
+    gamma >= 1 costs T(B, 1 + pad_to), so when speculation is on the plan drafts the full length
+    (shorter drafts save nothing), and speculates_at weighs that whole cost."""
+    import dataclasses
+    m = StepTimeModel(dataclasses.replace(padded(compute_bound), pad_to=8), ema=0.2)
+    assert m.profiled(1000.0, 64, 1, 0, 64) == pytest.approx(compute_bound(64, 9))
+    assert m.profiled(1000.0, 64, 0, 0, 64) == pytest.approx(compute_bound(64, 1))
+    pol = composite(dataclasses.replace(padded(compute_bound), pad_to=8), explore=0.0, optimism=0.0)
+    alphas_seen(pol, [0.7])
+    arms = pol.decide(ctx(batch=1, drafters=(NGRAM,), ctx_len=1000)).arms
+    assert {a.gamma for a in arms.values()} == {8}
+    assert pol.speculates_at(1) and not pol.speculates_at(128)  # 128 x 9 tokens: 5.6x a plain step
+
+
+def test_the_default_trtllm_curve_pads_to_the_served_draft_length():
+    from backend.services.trtllm.serving import DEFAULT_MAX_DRAFT_LEN
+    assert StepTimeProfile.load(str(TRTLLM_DEFAULTS["profile_path"])).pad_to == DEFAULT_MAX_DRAFT_LEN

@@ -6,25 +6,38 @@ sources (tests/services/trtllm/, which records the upstream names it relies on).
 
 TensorRT-LLM's PyExecutor owns scheduling, the paged KV cache, verification and
 streaming. With `speculative_config=UserProvidedDecodingConfig(max_draft_len=N,
-drafter=AdaptiveDrafter(...))` it calls, once per iteration, after the scheduler and
-`ResourceManager.prepare_resources` and before the target forward:
+drafter=AdaptiveDrafter(...))` each iteration runs (1.2's py_executor.py, see
+tests/services/trtllm/upstream_api.json):
 
-    drafter.prepare_draft_tokens(scheduled_requests, resource_manager)
-    drafter.pad_draft_tokens_for_cuda_graph(scheduled_requests)   # upstream: pads to N with 0s
+    n = drafter.get_draft_len_for_batch_size(len(active_requests))   # before scheduling
+    drafter.update_max_total_draft_tokens(n); speculation is off this iteration if n == 0
+    schedule; generation requests get py_draft_tokens = [0] * n placeholders
+    if on: drafter.prepare_draft_tokens(scheduled_requests, resource_manager)
+           drafter.pad_draft_tokens_for_cuda_graph(scheduled_requests)   # pads to N with 0s
+    forward (N + 1 positions per generation request when on, 1 when off), sample, commit
 
-What `AdaptiveDrafter.prepare_draft_tokens` reads and sets:
-  reads   scheduled_requests.generation_requests (context requests are not drafted for;
-          their count stands in for the queue length), per request `py_request_id`,
-          `get_tokens(0)` (prompt + committed tokens), `py_orig_prompt_len`,
-          `py_max_new_tokens`, `sampling_config` (temperature / top_k / top_p), `state`;
-          the KV cache manager's `get_kv_cache_stats()` (`free_num_blocks`, `max_num_blocks`);
-  runs    `policy.external.IterationDrafter.step`: closes the previous iteration from the
-          tokens committed since (accepted = common prefix of draft and committed tokens),
-          then asks the policy for (drafter, gamma) per request and drafts with our drafters;
-  sets    `request.py_draft_tokens` = the draft (0..N tokens; an empty list means no
-          speculation for that request). TensorRT-LLM 1.2 pads every generation request's
-          draft to N with token 0 for CUDA graphs, so the target still verifies N positions:
-          gamma chooses what is proposed, not (yet) what verification costs.
+`get_draft_len_for_batch_size` is 1.2's dynamic draft length lookup (read only when the
+drafter has a `draft_len_schedule`, so ours has one). Ours answers it with the policy: it
+first closes the previous iteration (its tokens are committed by now), then asks
+`policy.speculates_at(batch size, waiting requests, KV headroom)`; no means 0, an iteration
+without speculation: no drafts, no padding, a plain decoding step on the GPU. Yes means N:
+1.2 pads every draft to the static N (`_static_max_total_draft_tokens`) and its model engine
+verifies N + 1 positions (`runtime_draft_len`) whatever the schedule says, so a length
+between 1 and N - 1 would change nothing on the GPU but the drafter's placeholders (and
+could under-allocate their KV), and the iteration verifies N.
+
+What `prepare_draft_tokens` reads and sets:
+  reads   scheduled_requests.generation_requests (context requests are not drafted for),
+          per request `py_request_id`, `py_client_id`, `get_tokens(0)` (prompt + committed
+          tokens), `py_orig_prompt_len`, `py_max_new_tokens`, `sampling_config`
+          (temperature / top_k / top_p), `state`; the KV cache manager's
+          `get_kv_cache_stats()` (`free_num_blocks`, `max_num_blocks`);
+  runs    `policy.external.IterationDrafter.step`: asks the policy for (drafter, gamma)
+          per request and drafts with our drafters;
+  sets    `request.py_draft_tokens` = the draft (0..N tokens; shorter drafts are padded
+          with token 0, which the target accepts only where it predicts 0: still lossless).
+The waiting requests the policy sees are the serving layer's count (`in_flight`, set by
+TrtllmService: requests submitted and not finished) minus the executor's active ones.
 
 Requests that finished or were cancelled are not scheduled again; the requests seen the
 previous iteration are kept by reference, and those now in state GENERATION_COMPLETE are
@@ -43,7 +56,7 @@ import collections
 import logging
 import threading
 import time
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from policy.external import Generating, IterationDrafter
 from policy.types import StepOutcome
@@ -135,10 +148,16 @@ class AdaptiveDrafterLogic:
         n = iteration_drafter.max_draft_len if max_draft_len is None else int(max_draft_len)
         if n <= 0:
             raise ValueError(f"max_draft_len must be positive, got {n}")
-        # Upstream 1.2: pad_draft_tokens_for_cuda_graph pads to max_total_draft_tokens, so both are set.
-        super().__init__(max_draft_len=n, max_total_draft_tokens=n, max_concurrency=max_concurrency)
+        # Upstream 1.2: pad_draft_tokens_for_cuda_graph pads to max_total_draft_tokens, so both are set;
+        # a draft_len_schedule makes the executor ask get_draft_len_for_batch_size every iteration.
+        super().__init__(max_draft_len=n, max_total_draft_tokens=n, max_concurrency=max_concurrency,
+                         draft_len_schedule={1: n})
         self.iteration_drafter = iteration_drafter
+        self.static_len = n
         self.draft_cap = min(n, iteration_drafter.max_draft_len)
+        self.in_flight: Optional[Callable[[], int]] = None  # the serving layer's requests in flight
+        self.iteration_lengths: "collections.Counter[int]" = collections.Counter()  # length answered -> count
+        self._waiting = 0  # requests waiting, as counted at the latest iteration's start
         self.hook_errors = 0
         self.last = Iteration()
         self._seen: Dict[int, object] = {}  # request id -> the LlmRequest scheduled last iteration
@@ -148,7 +167,34 @@ class AdaptiveDrafterLogic:
         spec = iteration_drafter.spec
         spec.on_outcome = _Tee(self._count, spec.on_outcome)
 
-    # -- the hook --------------------------------------------------------------------------
+    # -- the hooks ---------------------------------------------------------------------------
+    def get_draft_len_for_batch_size(self, batch_size: int) -> int:
+        """The iteration's draft length, asked before TensorRT-LLM schedules or pads anything:
+        0 (no speculation: a plain decoding step) or the static length it verifies."""
+        try:
+            self._close_previous()
+            self._waiting = max(0, self.in_flight() - batch_size) if self.in_flight is not None else 0
+            last = self.last
+            on = self.iteration_drafter.spec.policy.speculates_at(
+                batch_size, queue_len=self._waiting, kv_free_blocks=last.kv_free, kv_total_blocks=last.kv_total)
+        except Exception:  # never take the executor loop down: no speculation this iteration
+            self.hook_errors += 1
+            log.exception("the speculation component failed; no speculation this iteration")
+            on = False
+        n = self.static_len if on else 0
+        self.iteration_lengths[n] += 1
+        return n
+
+    def _close_previous(self) -> None:
+        """Learn from the previous iteration now that its tokens are committed: the next one may
+        run without the hook (speculation off), and its plain tokens are not the drafts' verdict."""
+        if not self._seen:
+            return
+        done = _api.generation_complete_state()
+        requests = list(self._seen.values())
+        self.iteration_drafter.close([_generating(r) for r in requests if r.state != done],
+                                     [_generating(r) for r in requests if r.state == done])
+
     def prepare_draft_tokens(self, scheduled_requests, resource_manager=None) -> None:
         requests = [r for r in scheduled_requests.generation_requests if not _is_dummy(r)]
         try:
@@ -174,7 +220,7 @@ class AdaptiveDrafterLogic:
         n_context = len(scheduled_requests.context_requests)
         self.last = Iteration(n_context, len(requests), free, total, per_block, time.monotonic())
         return self.iteration_drafter.step(generating, finished=finished, kv_free_blocks=free, kv_total_blocks=total,
-                                           queue_len=n_context)
+                                           queue_len=self._waiting)
 
     def finish(self) -> Optional[StepOutcome]:
         """Close the last iteration (at shutdown): requests seen last that have since completed
@@ -187,6 +233,7 @@ class AdaptiveDrafterLogic:
     def __getstate__(self):  # the lock does not pickle; everything else must (see _Tee)
         state = dict(self.__dict__)
         state.pop("_lock", None)
+        state["in_flight"] = None  # the serving layer's count stays in its process
         return state
 
     def __setstate__(self, state):

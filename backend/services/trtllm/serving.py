@@ -118,7 +118,11 @@ def build_llm(cfg: ServerConfig, root: Path, *, speculator: Optional[Speculator]
             raise ValueError("TLLM_WORKER_USE_SINGLE_PROCESS=1 is set, but this LLM needs TensorRT-LLM's worker "
                              "processes (single_process=False): unset it")
     kv = _api.kv_cache_config()(**settings.pop("kv_cache_config"))
-    spec_cfg = _api.user_provided_decoding_config()(max_draft_len=max_draft_len, drafter=drafter)
+    # max_concurrency on the config (not on the drafter, whose should_use_spec_decode then always
+    # agrees) makes 1.2's warm-up capture CUDA graphs without drafts too (model_engine.py): the
+    # iterations our policy runs without speculation then replay a graph instead of running eagerly.
+    spec_cfg = _api.user_provided_decoding_config()(max_draft_len=max_draft_len, drafter=drafter,
+                                                    max_concurrency=settings.get("max_batch_size") or cfg.max_batch)
     args = dict(model=str(ckpt), speculative_config=spec_cfg, kv_cache_config=kv, **settings)
     args.update(llm_kwargs)
     return _api.llm_class()(**args), drafter
@@ -155,6 +159,7 @@ class TrtllmService:
         self._counts = ServiceStats()
         self.spec = drafter.iteration_drafter.spec
         self.spec.on_outcome = _Tee(self.spec.on_outcome, self._outcome)
+        drafter.in_flight = self._in_flight  # the policy's queue length: in flight minus TensorRT-LLM's active
         self._ids = iter(range(1, 1 << 62))
         self._aloop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
@@ -175,6 +180,9 @@ class TrtllmService:
         llm, drafter = build_llm(cfg, root, **build_kwargs)
         return cls(llm, drafter, tok, Limits(max_tokens=cfg.max_tokens_limit, max_context=cfg.max_context),
                    frozenset(eos_ids), max_batch=cfg.max_batch, max_queue=cfg.max_queue or 4 * cfg.max_batch)
+
+    def _in_flight(self) -> int:
+        return len(self._tasks)
 
     # -- what the metrics publisher reads (backend/frontend/metrics.py; observe.py) ------------------------
     def _outcome(self, outcome: StepOutcome) -> None:  # TensorRT-LLM's executor thread, once per iteration

@@ -164,14 +164,75 @@ def test_greedy_output_equals_plain_greedy_under_every_policy(fake_trtllm, upstr
     ex = executor(trt_engine, drafter)
     assert ex.generate(prompts, MAX_NEW) == plain
     set_lengths = [n for it in ex.set_lengths for n in it]
-    assert max(set_lengths) <= MAX_DRAFT, "the hook set a draft longer than max_draft_len"
-    assert all(n == MAX_DRAFT for it in ex.verified_lengths for n in it), "1.2 pads every draft to max_draft_len"
+    assert max(set_lengths, default=0) <= MAX_DRAFT, "the hook set a draft longer than max_draft_len"
+    # 1.2 verifies the static length in an iteration that speculates (padding), nothing in one that does not
+    assert all(v == (MAX_DRAFT if it.spec_on else 0) for it in ex.iterations for v in it.verified)
     if name != "off":
         assert any(set_lengths), f"{name} never speculated through the hook"
     else:
-        assert not any(set_lengths)
+        assert not any(it.spec_on for it in ex.iterations), "off must switch the iteration's speculation off"
+        assert ex.drafted == 0, "under off the GPU verified padded positions"
     assert drafter.hook_errors == 0
     assert_within_record(upstream_record)
+
+
+def test_the_policy_switches_an_iterations_speculation_off_before_it_is_padded(fake_trtllm, trt_engine, prompts,
+                                                                               plain):
+    """vLLM's disable-by-batch-size rule through speculates_at: iterations with 2+ active requests
+    verify no extra position at all (before, 1.2's padding verified max_draft_len whatever the
+    policy said); iterations with one verify the static length; output stays plain greedy."""
+    drafter = adaptive(make_policy("vllm_disable_by_batch_size", drafter="ngram", gamma=2, disable_batch_size=2))
+    ex = executor(trt_engine, drafter)
+    assert ex.generate(prompts, [MAX_NEW, 4, 6]) == [plain[0], plain[1][:4], plain[2][:6]]
+    busy = [it for it in ex.iterations if it.batch_size >= 2]
+    alone = [it for it in ex.iterations if it.batch_size == 1]
+    assert busy and alone
+    assert all(not it.spec_on and not any(it.verified) for it in busy)
+    assert all(it.spec_on and all(v == MAX_DRAFT for v in it.verified) for it in alone if it.verified)
+    assert drafter.iteration_lengths[0] == len(busy) and drafter.iteration_lengths[MAX_DRAFT] == len(alone)
+
+
+def test_mixed_context_and_generation_iterations_and_distinct_ids(fake_trtllm, upstream_record, trt_engine, prompts,
+                                                                  plain):
+    """Chunked prefill: a request's prompt takes several iterations as a context request while
+    others generate in the same forward; the hook drafts for generation requests only, and keys
+    the serving layer's counters by the LLM API's client id, not the executor's request id."""
+    drafter = adaptive(make_policy("static", drafter="ngram", gamma=MAX_DRAFT))
+    ex = executor(trt_engine, drafter, chunk=8)
+    first = ex.add_request(prompts[0], MAX_NEW)
+    for _ in range(4):
+        ex.step()
+    later = [ex.add_request(p, MAX_NEW) for p in prompts[1:]]
+    while ex.step():
+        pass
+    assert [ex.done[c].generated for c in [first] + later] == plain
+    assert any(it.context and it.set_lengths for it in ex.iterations), "no iteration mixed context and generation"
+    stats = [drafter.request_stats(c) for c in [first] + later]
+    assert all(ex.done[c].rid != c for c in [first] + later)  # executor ids start at max_batch_size, client ids at 1
+    assert sum(d for d, _ in stats) == ex.drafted_by_hook and all(0 <= a <= d for d, a in stats)
+    assert sum(d for d, _ in stats) > 0
+    assert_within_record(upstream_record)
+
+
+def test_queue_len_is_the_requests_waiting(fake_trtllm, trt_engine, prompts):
+    """The policy's queue length is what waits for a slot: the serving layer's requests in flight
+    minus the executor's active ones (not the context requests of the iteration)."""
+    outcomes = []
+    drafter = adaptive(make_policy("static", drafter="ngram", gamma=MAX_DRAFT), on_outcome=outcomes.append)
+    ex = executor(trt_engine, drafter)  # 3 slots
+    drafter.in_flight = lambda: len(ex.waiting) + len(ex.active)
+    waiting_seen = []
+    speculates = drafter.iteration_drafter.spec.policy.speculates_at
+
+    def spy(batch_size, **load):
+        waiting_seen.append((load["queue_len"], len(ex.waiting)))
+        return speculates(batch_size, **load)
+
+    drafter.iteration_drafter.spec.policy.speculates_at = spy
+    ex.generate(prompts * 2, 6)
+    assert waiting_seen and all(q == w for q, w in waiting_seen)
+    assert any(q == 3 for q, _ in waiting_seen), "six requests on three slots: three wait at first"
+    assert [o.context.queue_len for o in outcomes][:1] == [3]
 
 
 def test_max_tokens_holds_and_drafts_stop_at_the_limit(fake_trtllm, trt_engine, prompts):
@@ -196,31 +257,35 @@ def test_a_cancelled_request_is_released(fake_trtllm, trt_engine, prompts):
     policy.on_request_end = lambda seq_id: (ended.append(seq_id), end(seq_id))
     drafter = adaptive(policy, {"ngram": Recording()})
     ex = executor(trt_engine, drafter)
-    rids = [ex.add_request(p, MAX_NEW) for p in prompts]
+    cids = [ex.add_request(p, MAX_NEW) for p in prompts]
     for _ in range(3):
         ex.step()
-    victim = rids[0]
+    victim = cids[0]
     assert victim not in ex.done
-    ex.cancel(victim)
-    # The next iteration the hook finds the victim gone, in state GENERATION_COMPLETE, closes its
-    # last step and lets it leave (drafters forget it at once); the policy hears of that after the
-    # next step it observes.
+    ex.abort(victim)
+    rid = ex.request(victim).rid  # the speculator knows requests by the executor's id
+    # 1.2 acts on a cancel at the end of the next iteration: the victim is still drafted for and
+    # verified in it, then ends in state GENERATION_COMPLETE
     ex.step()
     assert ex.done[victim].finish_reason == "cancelled"
+    assert rid in {s for it in [drafter.iteration_drafter._known] for s in it} or rid in released
+    # the next iteration's start closes its last step and lets it leave: the drafters forget it at
+    # once, the policy after the next step it observes
     ex.step()
     spec = drafter.iteration_drafter.spec
-    assert victim in released, "the drafters still hold the cancelled request"
-    assert victim not in spec.last_drafter and victim not in drafter.iteration_drafter._known
+    assert rid in released, "the drafters still hold the cancelled request"
+    assert rid not in spec.last_drafter and rid not in drafter.iteration_drafter._known
     ex.step()
-    assert victim in ended, "the policy was not told the cancelled request ended"
+    assert rid in ended, "the policy was not told the cancelled request ended"
     while ex.step():
         pass
-    # TensorRT-LLM does not call the hook while idle: requests of the last busy iteration are
+    # TensorRT-LLM does not call the hooks while idle: requests of the last busy iteration are
     # released when work arrives again
     ex.add_request(prompts[1], 6)
     while ex.step():
         pass
-    assert set(rids) <= set(released) and set(rids) <= set(ended)
+    rids = {ex.done[c].rid for c in cids}
+    assert rids <= set(released) and rids <= set(ended)
 
 
 def test_the_hook_reads_kv_stats_skips_dummies_and_reports_acceptance(fake_trtllm, upstream_record, trt_engine,
@@ -274,3 +339,59 @@ def test_the_class_pickles_by_reference_and_worker_mode_is_refused_when_the_comp
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ValueError, match="single_process=True"):
         build_llm(ServerConfig(checkpoint=str(tmp_path), policy="static"), ROOT, single_process=False)
+
+
+def test_sampled_verification_keeps_the_targets_distribution(fake_trtllm, checkpoint, prompts):
+    """1.2 verifies a sampled request's drafts (no draft logits) by sampling the target at every
+    position and accepting drafts while they equal the samples. Drafting the target's likeliest
+    second token after its likeliest first, that must leave the joint law of the first two tokens
+    the target's own: a chi-square test of 480 samples (top_k 3, temperature 1) against
+    p(t1) p(t2 | t1) computed from the engine, with most second tokens coming through drafts."""
+    import math
+
+    import torch
+
+    from backend.drafters.base import Drafter
+    from backend.engines.torch_llama import TorchLlama
+    from policy.speculator import Draft
+
+    prompt = prompts[1]
+    eng = TorchLlama(checkpoint, dtype="fp32", max_slots=16, max_context=64)
+
+    def top(tokens, k=3):
+        logits = eng.forward([0], [0], [tokens], logit_rows=[[len(tokens) - 1]])[0]
+        v, i = logits.topk(k)
+        return dict(zip(i.tolist(), torch.softmax(v, -1).tolist()))
+
+    p1 = top(prompt)
+    p2 = {t1: top(prompt + [t1]) for t1 in p1}
+    likeliest = {t1: max(row, key=row.get) for t1, row in p2.items()}
+
+    class Likeliest(Drafter):
+        name = "likeliest"
+
+        def propose(self, seq_id, tokens, gamma):
+            nxt = likeliest.get(tokens[-1]) if len(tokens) == len(prompt) + 1 else None
+            drafts = [nxt] if nxt is not None and gamma > 0 else []
+            return Draft(tokens=drafts, confidences=[1.0] * len(drafts))
+
+    drafter = adaptive(make_policy("static", drafter="likeliest", gamma=1), {"likeliest": Likeliest()})
+    ex = executor(eng, drafter)
+    n = 480
+    outs = ex.generate([prompt] * n, 3, temperature=1.0, top_k=3)  # 3: room for one draft after the first token
+    assert ex.accepted > n / 4, "the drafts were hardly ever accepted: the test would not test verification"
+    counts = {}
+    for t in outs:
+        counts[tuple(t[:2])] = counts.get(tuple(t[:2]), 0) + 1
+    expected = {(a, b): n * p1[a] * p2[a][b] for a in p1 for b in p2[a]}
+    assert set(counts) <= set(expected)
+    cells = [(counts.get(k, 0), e) for k, e in expected.items() if e >= 5]
+    rest = (n - sum(o for o, _ in cells), n - sum(e for _, e in cells))
+    if rest[1] >= 5:
+        cells.append(rest)
+    chi2 = sum((o - e) ** 2 / e for o, e in cells)
+    df = len(cells) - 1
+    # the 99.9th percentile of chi-square(df), Wilson-Hilferty
+    z = 3.09
+    crit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+    assert chi2 < crit, (chi2, crit, counts, expected)

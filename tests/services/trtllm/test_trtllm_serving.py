@@ -117,6 +117,7 @@ def test_a_cancelled_request_stops_and_is_aborted(served):
     svc.submit(GenerationRequest(prompt="1, 2, 3, 4, 5, 6,", max_tokens=60, stream=True), sink)
     wait([sink])
     assert sink.chunks[-1].finish_reason == "cancelled" and sink.chunks[-1].num_output_tokens < 60
+    ex.step()  # 1.2 acts on the abort at the end of its next iteration (the fake steps when asked)
     (rid,) = [rid for rid, r in ex.done.items()]
     assert ex.done[rid].finish_reason == "cancelled"
     assert svc.cancelled == 1

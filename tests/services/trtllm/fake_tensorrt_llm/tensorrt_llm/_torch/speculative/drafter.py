@@ -1,8 +1,10 @@
 """tensorrt_llm/_torch/speculative/drafter.py (fake): the 1.2-era Drafter base, as upstream
-(constructor, abstract prepare_draft_tokens, should_use_spec_decode, and the padding the
-executor applies after the hook). draft_len_schedule is accepted and stored, not acted on."""
+(index id 4409156300: constructor, abstract prepare_draft_tokens, should_use_spec_decode, the
+dynamic draft length's get_draft_len_for_batch_size / update_max_total_draft_tokens, and the
+padding the executor applies after the hook, to the *static* max_total_draft_tokens)."""
 from __future__ import annotations
 
+from bisect import bisect_right
 from abc import ABC, abstractmethod
 from typing import Dict, List, Optional, final
 
@@ -36,6 +38,20 @@ class Drafter(ABC):
         if token_cap <= 0:
             return False
         return min(len(requests), max_batch_size, token_cap) <= self.max_concurrency
+
+    def get_draft_len_for_batch_size(self, batch_size: int) -> int:
+        # upstream: the schedule's value at the largest threshold <= batch_size (0 below the first)
+        if self.draft_len_schedule is None:
+            return self.max_total_draft_tokens
+        thresholds = list(self.draft_len_schedule.keys())
+        idx = bisect_right(thresholds, batch_size)
+        if idx == 0:
+            return 0
+        return self.draft_len_schedule[thresholds[idx - 1]]
+
+    def update_max_total_draft_tokens(self, new_max_total_draft_tokens: int) -> None:
+        self.max_total_draft_tokens = new_max_total_draft_tokens
+        self.max_draft_len = new_max_total_draft_tokens
 
     @final
     def pad_draft_tokens_for_cuda_graph(self, scheduled_requests: ScheduledRequests) -> None:
