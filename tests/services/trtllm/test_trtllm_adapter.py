@@ -395,3 +395,30 @@ def test_sampled_verification_keeps_the_targets_distribution(fake_trtllm, checkp
     z = 3.09
     crit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
     assert chi2 < crit, (chi2, crit, counts, expected)
+
+
+def test_the_composite_verifies_nothing_extra_under_load_and_the_pad_length_alone(fake_trtllm, trt_engine, prompts,
+                                                                                  plain):
+    """The default policy on a padded cost where verification is free for one sequence and dear
+    for a batch (each padded position costs a step's worth per extra sequence): iterations with
+    three active requests run without speculation (no extra position verified), those with one
+    speculate at the static length; greedy output stays plain."""
+    import random
+
+    from policy.profiles import StepTimeProfile
+    batch, tokens = (1, 2, 3), tuple(range(1, MAX_DRAFT + 2))
+    table = (tuple(tuple(0.01 * (1 + (b - 1) * (t - 1)) for t in tokens) for b in batch),)
+    zeros = (0.0,) * 3
+    profile = StepTimeProfile((4096,), batch, (zeros,), (zeros,), zeros, zeros, padded_batch=batch,
+                              padded_tokens=tokens, padded_target_s=table, pad_to=MAX_DRAFT)
+    policy = make_policy("composite", profile=profile, drafters=["ngram", "suffix"], rng=random.Random(0),
+                         prior_alpha=0.6)
+    drafter = adaptive(policy)
+    ex = executor(trt_engine, drafter)
+    assert ex.generate(prompts, [MAX_NEW, 3, 5]) == [plain[0], plain[1][:3], plain[2][:5]]
+    busy = [it for it in ex.iterations if it.batch_size == 3]
+    alone = [it for it in ex.iterations if it.batch_size == 1 and it.verified]
+    assert busy and alone
+    assert all(not it.spec_on and not any(it.verified) for it in busy), "padded positions verified under load"
+    assert any(it.spec_on for it in alone), "the composite never speculated alone, where verification is free"
+    assert all(v == MAX_DRAFT for it in alone if it.spec_on for v in it.verified)

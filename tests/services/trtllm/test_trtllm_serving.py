@@ -106,6 +106,26 @@ def test_responses_are_those_of_the_cpu_path(served, trt_engine, tokenizer):
         assert 0 <= last.num_accepted_tokens <= last.num_draft_tokens
 
 
+def test_the_policys_queue_length_counts_the_services_requests_in_flight(served):
+    """The drafter hook's waiting count is the service's in-flight requests minus TensorRT-LLM's
+    active ones (AdaptiveDrafterLogic.get_draft_len_for_batch_size)."""
+    svc, ex = served
+    assert svc.drafter.in_flight is not None and svc.drafter.in_flight() == 0
+    seen, speculates = [], svc.spec.policy.speculates_at
+
+    def spy(batch_size, **load):
+        seen.append(load["queue_len"])
+        return speculates(batch_size, **load)
+
+    svc.spec.policy.speculates_at = spy
+    sinks = [ListSink() for _ in range(5)]
+    for s in sinks:
+        svc.submit(GenerationRequest(prompt="1, 2, 3, 4,", max_tokens=4), s)
+    wait(sinks)
+    assert svc.drafter.in_flight() == 0
+    assert max(seen) >= 1, "five requests on three slots: some waited, the policy never heard"
+
+
 def test_a_cancelled_request_stops_and_is_aborted(served):
     svc, ex = served
 
