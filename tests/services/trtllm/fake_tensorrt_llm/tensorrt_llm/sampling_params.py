@@ -18,3 +18,4 @@ class SamplingParams:
     temperature: Optional[float] = None
     exclude_input_from_output: bool = True
     detokenize: bool = True
+    ignore_eos: bool = False

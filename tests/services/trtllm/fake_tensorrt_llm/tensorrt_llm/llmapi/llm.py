@@ -100,5 +100,15 @@ class LLM:
         rid = self._executor.submit(list(inputs), sp)
         return _fake.record(RequestOutput(self._executor, rid, list(inputs)))
 
+    def generate(self, inputs, sampling_params: Optional[SamplingParams] = None):
+        """Every prompt (token-id lists) to its end, as a list of finished RequestOutputs."""
+        outs = [self.generate_async(p, sampling_params) for p in inputs]
+        while self._executor.step():
+            pass
+        for o in outs:
+            o.outputs[0].token_ids = list(self._executor.request(o.request_id).generated)
+            o._done = True
+        return outs
+
     def shutdown(self) -> None:
         self.shut_down = True
