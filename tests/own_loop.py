@@ -30,6 +30,19 @@ class Running:
         return Generating(self.rid, list(self.tokens), self.prompt_len, self.max_new)
 
 
+def commit_tokens(r, new: Sequence[int]) -> bool:
+    """Append the verified tokens `new` to request r (`tokens`, `generated`, `max_new`, `end_id`,
+    `finish_reason`) up to its max_new, stopping at its end_id; True when r has finished."""
+    for t in new[: r.max_new - len(r.generated)]:
+        r.tokens.append(t)
+        if t == r.end_id:
+            r.finish_reason = "stop"
+            break
+    if r.finish_reason is None and len(r.generated) >= r.max_new:
+        r.finish_reason = "length"
+    return r.finish_reason is not None
+
+
 class OwnLoopEngine:
     """Admits requests into free slots, prefills them, and each iteration asks the hook for
     drafts (`propose`), verifies them greedily with one ragged forward and commits the
@@ -121,14 +134,7 @@ class OwnLoopEngine:
 
     def _commit(self, slot: int, new: List[int]) -> None:
         r = self.running[slot]
-        for t in new[: r.max_new - len(r.generated)]:
-            r.tokens.append(t)
-            if t == r.end_id:
-                r.finish_reason = "stop"
-                break
-        if r.finish_reason is None and len(r.generated) >= r.max_new:
-            r.finish_reason = "length"
-        if r.finish_reason is not None:
+        if commit_tokens(r, new):
             self.done[r.rid] = r
             self._finished.append(r)
             del self.running[slot]

@@ -34,6 +34,8 @@ from typing import Dict, List, Optional
 
 import torch
 
+from own_loop import commit_tokens
+
 
 @dataclass
 class Running:
@@ -257,14 +259,7 @@ class FakePyExecutor:
         return torch.multinomial(torch.softmax(scaled, -1), 1, generator=r.generator)[:, 0].tolist()
 
     def _commit(self, r: Running, new: List[int]) -> None:
-        for t in new[: r.max_new - len(r.generated)]:
-            r.tokens.append(t)
-            if t == r.end_id:
-                r.finish_reason = "stop"
-                break
-        if r.finish_reason is None and len(r.generated) >= r.max_new:
-            r.finish_reason = "length"
-        if r.finish_reason is not None:
+        if commit_tokens(r, new):
             self._leave(r)
 
     def _handle_canceled(self) -> None:
