@@ -204,16 +204,17 @@ def _stream_client(url, next_prompt, max_tokens, out, stop, limit=None):
     client.close()
 
 
-def _metrics(port):
+def _metrics(port, host: str = "127.0.0.1"):
     from backend.frontend.prometheus_text import scrape, specserve_series
-    return specserve_series(scrape(f"127.0.0.1:{port}"))
+    return specserve_series(scrape(f"{host}:{port}"))
 
 
-def _steady_run(ports, requests, conc: int, max_tokens: int, window: float) -> dict:
+def _steady_run(ports, requests, conc: int, max_tokens: int, window: float, host: str = "127.0.0.1") -> dict:
     """`conc` closed-loop clients keep the server busy; throughput is read from the server's
     own counters over a window that starts once every client is in flight and ends before
     any stops, so the ramp-up and the last stragglers (which a one-shot batch of requests
-    is dominated by) are not measured."""
+    is dominated by) are not measured. `ports` names the server's gRPC and metrics ports on
+    `host`; `requests` is any iterable of prompts (an iterator object is consumed as it is)."""
     out, threads, stop = [], [], threading.Event()
     lock, feed = threading.Lock(), iter(requests)
 
@@ -225,7 +226,7 @@ def _steady_run(ports, requests, conc: int, max_tokens: int, window: float) -> d
 
     def client():
         try:
-            _stream_client(f"127.0.0.1:{ports.grpc}", next_prompt, max_tokens, out, stop)
+            _stream_client(f"{host}:{ports.grpc}", next_prompt, max_tokens, out, stop)
         except Exception as e:  # noqa: BLE001 - reported after the run, not lost in a thread
             errors.append(e)
             stop.set()
@@ -235,9 +236,9 @@ def _steady_run(ports, requests, conc: int, max_tokens: int, window: float) -> d
         t.start()
         threads.append(t)
     time.sleep(min(30.0, 2.0 + 0.5 * conc))  # every client's first request admitted and prefilled
-    before, t0 = _metrics(ports.metrics), time.perf_counter()
+    before, t0 = _metrics(ports.metrics, host), time.perf_counter()
     time.sleep(window)
-    after, t1 = _metrics(ports.metrics), time.perf_counter()
+    after, t1 = _metrics(ports.metrics, host), time.perf_counter()
     stop.set()
     for t in threads:
         t.join()
@@ -310,16 +311,51 @@ def part_b(max_tokens: int, concurrencies, window: float, model_drafters: bool =
                 proc.terminate()
                 proc.wait(30)
             rows.append(dict(row, arm=label, round=rnd))
-            log(f"  {label:10s} concurrency {conc:3d}{f' (round {rnd + 1}/{rounds})' if rounds > 1 else ''}: "
-                f"{row['tok_s']:7.1f} tok/s aggregate, mean batch "
-                f"{row['mean_batch']:.1f}, step {row['step_ms']:.1f} ms of which Triton I/O "
-                f"{row['io_ms_per_step']:.2f} ms, prefill {100 * row['prefill_share']:.0f}% of loop time, "
-                f"{row['requests']} requests finished in the window, mean latency {row['mean_latency_s']:.1f} s")
-    for row in rows:
-        plain = next(r for r in rows if r["arm"] == "plain" and r["concurrency"] == row["concurrency"]
-                     and r["round"] == row["round"])
-        row["ratio"] = row["tok_s"] / plain["tok_s"]
+            log_server_row(rows[-1], rounds)
+    add_ratios(rows)
     return rows if rounds == 1 else median_rows(rows)
+
+
+def log_server_row(row: dict, rounds: int = 1) -> None:
+    """Part B's line for one (arm, concurrency) level, as it is measured."""
+    rnd = row.get("round", 0)
+    log(f"  {row['arm']:10s} concurrency {row['concurrency']:3d}{f' (round {rnd + 1}/{rounds})' if rounds > 1 else ''}: "
+        f"{row['tok_s']:7.1f} tok/s aggregate, mean batch "
+        f"{row['mean_batch']:.1f}, step {row['step_ms']:.1f} ms of which Triton I/O "
+        f"{row['io_ms_per_step']:.2f} ms, prefill {100 * row['prefill_share']:.0f}% of loop time, "
+        f"{row['requests']} requests finished in the window, mean latency {row['mean_latency_s']:.1f} s")
+
+
+def add_ratios(rows: list) -> list:
+    """Each row's tokens/s ratio to plain decoding at the same concurrency in the same round
+    (NaN where that plain level is missing or served nothing)."""
+    for row in rows:
+        plain = next((r for r in rows if r["arm"] == "plain" and r["concurrency"] == row["concurrency"]
+                      and r.get("round", 0) == row.get("round", 0)), None)
+        row["ratio"] = row["tok_s"] / plain["tok_s"] if plain and plain["tok_s"] else float("nan")
+    return rows
+
+
+def server_table(rows: list) -> str:
+    """Part B's summary, one line per concurrency and one column per arm (plain first): aggregate
+    tokens/s and the ratio to plain decoding; with rounds, the median ratio and each round's."""
+    arms = sorted(dict.fromkeys(r["arm"] for r in rows), key=lambda a: a != "plain")
+    concs = sorted(dict.fromkeys(r["concurrency"] for r in rows))
+    out = ["| streams | " + " | ".join(f"{a} (tok/s)" if a == "plain" else a for a in arms) + " |",
+           "|---" * (len(arms) + 1) + "|"]
+    for conc in concs:
+        cells = []
+        for arm in arms:
+            r = next((r for r in rows if r["arm"] == arm and r["concurrency"] == conc), None)
+            if r is None:
+                cells.append("-")
+            elif arm == "plain":
+                cells.append(f"{r['tok_s']:.1f}")
+            else:
+                rounds = (" (" + ", ".join(f"{x:.2f}" for x in r["round_ratios"]) + ")") if "round_ratios" in r else ""
+                cells.append(f"{r['tok_s']:.1f} ({r['ratio']:.2f}×{rounds})")
+        out.append(f"| {conc} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
 
 
 def median_rows(rows: list) -> list:
@@ -426,6 +462,7 @@ def main(argv=None) -> int:
             f"steady load measured over {args.window:.0f} s per concurrency")
         b_rows = part_b(args.max_tokens // 2, args.concurrency, args.window, args.model_drafters, args.repeated,
                         args.rounds)
+        log("Part B, aggregate output tokens/s (× = ratio to plain decoding):\n" + server_table(b_rows))
     stem = "speculation" + ("_server" if args.skip_engine else "_engine" if args.skip_server else "") + (
         "_repeated" if args.repeated and not args.skip_server else "")
     (RESULTS / f"{stem}.json").write_text(json.dumps({"part_a": a_rows, "part_b": b_rows}, indent=1))

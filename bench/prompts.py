@@ -35,20 +35,23 @@ PROSE_PROMPTS = {  # chat template applied, as an instruct model is served
 }
 
 
-def distinct_requests(n: int, *, code: bool = False, seed: int = 0) -> list:
+def distinct_requests(n: int, *, code: bool = False, seed: int = 0, share: float = 0.05) -> list:
     """`n` different requests, none repeated: a server's suffix store would otherwise find
     every answer of a repeated greedy request in its own history and make speculation
     look far better than on real traffic. Alternately a copy-heavy request (summarise or
     rewrite a recorded ShareGPT answer, given in the prompt) and a free-form one (a
     ShareGPT user turn); with `code`, also requests for stdlib functions. All come from
-    the held-out split the drafter builds never train on (build_engines/drafter_data.py)."""
+    the held-out split the drafter builds never train on (build_engines/drafter_data.py):
+    `share` 0.05 of ShareGPT, ~330 requests. A benchmark that serves no model drafter may take
+    more of it (share 1.0: ~6,700 requests; bench/bench_gpu_policies.py, whose GPU levels
+    finish thousands of requests)."""
     import random
     from pathlib import Path
 
     from build_engines.drafter_data import code_documents, code_requests, held_out, sharegpt_turns
 
     root = Path(__file__).resolve().parents[1]
-    turns = [t for t in sharegpt_turns(root / ".cache" / "downloads") if held_out(t[0], seed, 0.05)]
+    turns = [t for t in sharegpt_turns(root / ".cache" / "downloads") if held_out(t[0], seed, share)]
     rng = random.Random(seed)
     rng.shuffle(turns)
     texts = [a for _, _, a in turns if 200 <= len(a) <= 1200]
@@ -61,5 +64,5 @@ def distinct_requests(n: int, *, code: bool = False, seed: int = 0) -> list:
         kinds.append([r for k, r in code_requests(code_documents(), 10 * n, seed) if held_out(k, seed, 0.05)])
     out = [k[i] for i in range(min(map(len, kinds))) for k in kinds][:n]  # round-robin: a steady mix
     if len(out) < n:
-        raise ValueError(f"only {len(out)} distinct held-out requests, {n} asked for")
+        raise ValueError(f"only {len(out)} distinct requests in share {share} of ShareGPT, {n} asked for")
     return out
