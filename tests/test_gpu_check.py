@@ -205,26 +205,20 @@ def test_a_failed_measurement_stops_with_the_server_log_and_removes_the_containe
     assert [step(c) for c in docker][-2:] == ["logs", "rm"] and docker[-1][:2] == ["rm", "-f"]
 
 
-def test_without_nvidia_smi_it_stops_before_docker_builds_or_runs_anything(fake, tmp_path):
-    if shutil.which("nvidia-smi", path=SYSTEM_PATH):
-        pytest.skip("this machine has a real nvidia-smi on the system PATH")
-    only_docker = tmp_path / "only_docker"
-    only_docker.mkdir()
-    (only_docker / "docker").symlink_to(fake.bin / "docker")
-    proc, calls = fake(path=f"{only_docker}:{SYSTEM_PATH}")
+@pytest.mark.parametrize("missing, kept, says", [
+    ("nvidia-smi", "docker", ("nvidia-smi not found", "NVIDIA driver")),
+    ("docker", "nvidia-smi", ("docker not found",)),
+])
+def test_a_missing_tool_stops_it_before_docker_builds_or_runs_anything(fake, tmp_path, missing, kept, says):
+    if shutil.which(missing, path=SYSTEM_PATH):
+        pytest.skip(f"this machine has a real {missing} on the system PATH")
+    only = tmp_path / f"only_{kept}"
+    only.mkdir()
+    (only / kept).symlink_to(fake.bin / kept)
+    proc, calls = fake(path=f"{only}:{SYSTEM_PATH}")
     assert proc.returncode == 2
-    assert "nvidia-smi not found" in proc.stderr and "NVIDIA driver" in proc.stderr
+    assert all(text in proc.stderr for text in says)
     assert docker_calls(calls) == []
-
-
-def test_without_docker_it_says_so(fake, tmp_path):
-    if shutil.which("docker", path=SYSTEM_PATH):
-        pytest.skip("this machine has a docker on the system PATH")
-    only_smi = tmp_path / "only_smi"
-    only_smi.mkdir()
-    (only_smi / "nvidia-smi").symlink_to(fake.bin / "nvidia-smi")
-    proc, _ = fake(path=f"{only_smi}:{SYSTEM_PATH}")
-    assert proc.returncode == 2 and "docker not found" in proc.stderr
 
 
 def test_a_missing_model_stops_it_with_what_to_do(fake):
