@@ -50,10 +50,16 @@ class CompositeConfig:
     # ask the model-free drafters before deciding: plan only where a draft is ready, and learn
     # their acceptance from the drafts not played too (`Policy.lookahead`)
     lookahead: bool = True
+    # speculates_at: after this many iterations of a batch-size bucket answered "no", one "yes"
+    # (a probe: `decide` explores and the step is learned from); an engine that skips the hook
+    # in iterations without speculation shows the policy nothing, and a "no" would never end.
+    # 0: never probe
+    probe_every: int = 64
 
     def check(self, policy: str) -> None:
         require(len(self.drafters) >= 1, policy, "drafters must be a non-empty list")
         in_range(policy, "gamma_max", self.gamma_max, 1, 64)
+        in_range(policy, "probe_every", self.probe_every, 0, 1_000_000)
         in_range(policy, "prior_alpha", self.prior_alpha, 0.0, 0.99)
         in_range(policy, "global_discount", self.global_discount, 0.5, 1.0)
         in_range(policy, "seq_discount", self.seq_discount, 0.1, 1.0)
@@ -136,6 +142,7 @@ class Composite(Policy):
         self.model_drafters: Dict[str, bool] = {}  # a static fact, from every context seen
         self._drafting: Optional[_Drafting] = None
         self._seen = _Seen(0.0, None, tuple(c.drafters))
+        self._declined: Dict[int, int] = {}  # batch-size bucket -> speculates_at "no"s since its last "yes"
 
     def alpha(self, seq_id: int, drafter: str) -> float:
         return self.acceptance.alpha(seq_id, drafter)
@@ -319,13 +326,25 @@ class Composite(Policy):
         decoding in expected goodput, the whole batch drafting with one usable drafter at its
         global alpha, at the mean context and SLO of the latest step decided, with the step times
         as corrected so far (a padded profile: T(batch, 1 + gamma)). No optimism: exploring is
-        `decide`'s. It only reads what was learned (no RNG, no counters); a few table look-ups."""
+        `decide`'s, which a probe lets run after `probe_every` "no"s in a row for this batch-size
+        bucket. It learns nothing (no RNG; the probe count is its only state); a few look-ups."""
         c = self.cfg
         if batch_size < 1:
             return False
         if queue_len > 0 and kv_free_blocks < math.ceil(c.tau_low_frac * kv_total_blocks):
             return False  # KV pressure: `decide` would draft for no sequence (tau_low_blocks)
-        seen, bucket = self._seen, bucket_of(batch_size)
+        bucket = bucket_of(batch_size)
+        if self._pays(batch_size, bucket):
+            self._declined[bucket] = 0
+            return True
+        declined = self._declined[bucket] = self._declined.get(bucket, 0) + 1
+        if c.probe_every and declined >= c.probe_every:
+            self._declined[bucket] = 0
+            return True
+        return False
+
+    def _pays(self, batch_size: int, bucket: int) -> bool:
+        c, seen = self.cfg, self._seen
         for d in seen.usable:
             n_model = batch_size if self.model_drafters.get(d, False) else 0
             row = self.times.row(bucket, batch_size, seen.ctx_len, batch_size, n_model, c.gamma_max)

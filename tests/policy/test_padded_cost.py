@@ -179,7 +179,7 @@ def test_speculates_at_learns_nothing():
                 copy.deepcopy(pol.memory.__dict__))
 
     before = state()
-    answers = [pol.speculates_at(b) for b in (1, 3, 8, 64, 128, 1000) for _ in range(3)]
+    answers = [pol.speculates_at(b) for b in (1, 3, 8, 64, 128, 1000) for _ in range(3)]  # fewer than probe_every
     assert state() == before and any(answers) and not all(answers)
 
 
@@ -244,3 +244,16 @@ def test_a_static_pad_length_prices_every_speculating_iteration_at_it():
 def test_the_default_trtllm_curve_pads_to_the_served_draft_length():
     from backend.services.trtllm.serving import DEFAULT_MAX_DRAFT_LEN
     assert StepTimeProfile.load(str(TRTLLM_DEFAULTS["profile_path"])).pad_to == DEFAULT_MAX_DRAFT_LEN
+
+
+def test_a_no_ends_in_a_probe_so_the_policy_keeps_learning():
+    """An engine that skips the hook in iterations without speculation (TensorRT-LLM 1.2) shows
+    the policy nothing then: after probe_every "no"s in a row for a batch-size bucket, one "yes"
+    lets `decide` explore and the step be learned from. probe_every 0 never probes."""
+    pol = composite(padded(compute_bound), prior_alpha=0.5, probe_every=5)
+    pol.decide(ctx(batch=2, drafters=(NGRAM,), ctx_len=1000))
+    answers = [pol.speculates_at(128) for _ in range(10)]
+    assert answers == [False] * 4 + [True] + [False] * 4 + [True]
+    assert pol.speculates_at(1)  # another bucket, where speculation pays: yes, and no probe count
+    never = composite(padded(compute_bound), prior_alpha=0.5, probe_every=0)
+    assert not any(never.speculates_at(128) for _ in range(200))

@@ -31,8 +31,11 @@ def served(fake_trtllm, trt_engine, checkpoint, monkeypatch, upstream_record):
 
     _fake.EXECUTOR_FACTORY = factory
     monkeypatch.setenv("TLLM_WORKER_USE_SINGLE_PROCESS", "1")
+    # static n-gram drafting: what the served path does with drafts does not hang on what an
+    # adaptive policy concludes from a handful of timed steps (the composite may switch
+    # speculation off for a while after a few rejected drafts, as it should)
     cfg = ServerConfig(checkpoint=str(checkpoint), dtype="fp32", max_batch=3, max_context=MAX_CONTEXT,
-                       max_tokens_limit=64)
+                       max_tokens_limit=64, policy="static")
     svc = TrtllmService.from_config(cfg, ROOT, max_draft_len=4)
     svc.start()
     yield svc, executors[0]
