@@ -71,6 +71,9 @@ class LoopConfig:
     # of 128 as whole, and running streams wait at most 1.1 s instead of 11 s (0.6 s at 64, for
     # 5% more time to the long prompt's first token): bench/bench_chunked_prefill.py.
     prefill_chunk: int = ServerConfig.prefill_chunk
+    # Chunks an iteration may prefill when that many prompts are prefilling (one chunk a prompt):
+    # copy-heavy prompts at 32 streams 1.35-1.45x tokens/s, TTFT 12 s -> ~2.7 s (docs/results.md).
+    prefill_chunks: int = ServerConfig.prefill_chunks
     # Prompts that start with the chat template's shared tokens copy them from a stream the engine
     # keeps (llama.cpp's prefix_stream) instead of prefilling them: bit-identical, ~17% of a prompt.
     reuse_prefix: bool = ServerConfig.reuse_prefix
@@ -85,7 +88,8 @@ class LoopConfig:
         return cls(max_batch=cfg.max_batch, limits=Limits(max_tokens=cfg.max_tokens_limit, max_context=cfg.max_context),
                    tpot_slo_s=cfg.tpot_slo_ms / 1000 if cfg.tpot_slo_ms > 0 else None,
                    kv_budget_bytes=cfg.kv_budget_mb * 2**20 if cfg.kv_budget_mb > 0 else None,
-                   max_queue=cfg.max_queue or 4 * cfg.max_batch, prefill_chunk=cfg.prefill_chunk, trace_len=0,
+                   max_queue=cfg.max_queue or 4 * cfg.max_batch, prefill_chunk=cfg.prefill_chunk,
+                   prefill_chunks=cfg.prefill_chunks, trace_len=0,
                    reuse_prefix=cfg.reuse_prefix, reuse_kv=cfg.kv_reuse_streams > 0)
 
 
@@ -114,7 +118,8 @@ class EngineLoop:
         self.stats = LoopStats()
         self.retained = RetainedPrompts(streams, self.memory.pool) if streams else None
         self.scheduler = Scheduler(config.max_batch, config.prefill_chunk, self.memory.pool, engine, self.stats,
-                                   reclaim=self._reclaim if self.retained else None, on_admit=self._start_cached)
+                                   reclaim=self._reclaim if self.retained else None, on_admit=self._start_cached,
+                                   prefill_chunks=config.prefill_chunks)
         self.spec = Speculator(policy, drafters, clock=clock, drafter_blocks=self.memory.drafter_blocks,
                                on_outcome=self._record, lookahead=True)
         self.inbox: "queue.Queue[Sequence]" = queue.Queue()

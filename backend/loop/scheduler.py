@@ -4,9 +4,12 @@ engine-free (tests/backend/test_scheduler.py drives it with a fake slot holder).
 * Admission: waiting sequences take free batch slots (0..B-1, contiguous) and the KV blocks of
   their whole prompt, keeping a block of growth per running sequence so that admitting does not
   force a preemption; a prompt the whole budget cannot hold is refused.
-* Chunked prefill: at most `prefill_chunk` prompt tokens an iteration, oldest sequences first,
-  each piece ending at a multiple of the chunk size or at the prompt's end, so a prompt's pieces
-  never depend on other traffic.
+* Chunked prefill: oldest sequences first, at most one chunk of `prefill_chunk` tokens a prompt
+  an iteration, and at most `prefill_chunks` chunks in all: one prompt prefilling stalls the
+  running streams by one chunk, several share up to `prefill_chunks` of them (a loaded server
+  spends more of each iteration on prompts, amortising the decode step). Each piece ends at a
+  multiple of the chunk size or at the prompt's end, so a prompt's pieces never depend on other
+  traffic.
 * Memory fit: when a step's tokens do not fit in the pool, cells retained for reuse are given up
   first (`reclaim`: backend/loop/retained.py), then drafts are dropped (γ = 0 for everyone), then
   the youngest sequences are preempted: out of the batch with their tokens, back
@@ -43,13 +46,15 @@ class Slots(Protocol):
 class Scheduler:
     def __init__(self, max_batch: int, prefill_chunk: int, pool: BlockPool, slots: Slots, stats: LoopStats,
                  reclaim: Optional[Callable[[Optional["Sequence"]], bool]] = None,
-                 on_admit: Optional[Callable[["Sequence"], None]] = None):
+                 on_admit: Optional[Callable[["Sequence"], None]] = None, prefill_chunks: int = 1):
         """reclaim(seq): frees some blocks held for later (retained cells), those `seq` (being admitted;
         None in a step) could reuse last -> False when nothing is left to free.
         on_admit(seq): a sequence just took its slot (it may start from cached cells: kv_len)."""
         if prefill_chunk < 0:
             raise ValueError(f"prefill_chunk must be >= 0 (0 = whole prompts), got {prefill_chunk}")
-        self.max_batch, self.prefill_chunk = max_batch, prefill_chunk
+        if prefill_chunks < 1:
+            raise ValueError(f"prefill_chunks must be >= 1, got {prefill_chunks}")
+        self.max_batch, self.prefill_chunk, self.prefill_chunks = max_batch, prefill_chunk, prefill_chunks
         self.pool, self.slots, self.stats = pool, slots, stats
         self.reclaim = reclaim or (lambda seq: False)
         self.on_admit = on_admit or (lambda seq: None)
@@ -87,12 +92,13 @@ class Scheduler:
         return sorted((s for s in self.running if s.prefilling), key=lambda s: (s.arrival_s, s.seq_id))
 
     def prefill_pieces(self) -> List[Piece]:
-        """This iteration's prefill work: [(seq, start, end)], at most prefill_chunk tokens in all
-        (at least one piece), oldest first; 0 = every prompt whole."""
+        """This iteration's prefill work: [(seq, start, end)], oldest first, at most one chunk a
+        sequence and min(prefilling sequences, prefill_chunks) chunks' tokens in all (at least one
+        piece); chunk 0 = every prompt whole."""
         chunk, todo = self.prefill_chunk, self.prefilling()
         if not chunk:
             return [(s, s.kv_len, s.prefill_len) for s in todo]
-        pieces, budget = [], chunk
+        pieces, budget = [], chunk * max(1, min(len(todo), self.prefill_chunks))
         for seq in todo:
             end = min(seq.prefill_len, (seq.kv_len // chunk + 1) * chunk)
             if pieces and end - seq.kv_len > budget:

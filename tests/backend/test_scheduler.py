@@ -43,8 +43,8 @@ class Slots:
         self.calls.append(("truncate", slot, length))
 
 
-def scheduler(blocks=64, block_size=16, max_batch=4, chunk=0):
-    return Scheduler(max_batch, chunk, BlockPool(blocks, block_size), Slots(), LoopStats())
+def scheduler(blocks=64, block_size=16, max_batch=4, chunk=0, chunks=1):
+    return Scheduler(max_batch, chunk, BlockPool(blocks, block_size), Slots(), LoopStats(), prefill_chunks=chunks)
 
 
 def queued(s: Scheduler, *prompt_lens):
@@ -99,7 +99,7 @@ def test_prefill_pieces_end_at_chunk_multiples_oldest_first_within_the_budget():
 
 def test_prefill_pieces_do_not_depend_on_other_traffic():
     """A prompt's pieces end at the same positions whoever shares the iteration."""
-    alone, shared = scheduler(chunk=32), scheduler(chunk=32)
+    alone, shared = scheduler(chunk=32), scheduler(chunk=32, chunks=4)
     (x,) = queued(alone, 100)
     _, y = queued(shared, 5, 100)
     for s, seq in ((alone, x), (shared, y)):
@@ -114,6 +114,22 @@ def test_prefill_pieces_do_not_depend_on_other_traffic():
                     cuts.append(end)
         ends[id(s)] = cuts
     assert ends[id(alone)] == ends[id(shared)] == [32, 64, 96, 100]
+
+
+def test_several_prompts_prefilling_share_up_to_prefill_chunks_chunks_one_each():
+    """One prompt alone still takes one chunk an iteration (the running streams wait one chunk);
+    prompts waiting together take one chunk each, up to prefill_chunks chunks' tokens in all."""
+    s = scheduler(chunk=32, chunks=3, max_batch=5, blocks=128)
+    a, b, c, d = queued(s, 100, 100, 100, 100)
+    s.admit()
+    assert s.prefill_pieces() == [(a, 0, 32), (b, 0, 32), (c, 0, 32)]
+    for seq in (a, b, c):
+        seq.kv_len = 32
+    assert s.prefill_pieces() == [(a, 32, 64), (b, 32, 64), (c, 32, 64)]  # oldest first: d waits
+    alone = scheduler(chunk=32, chunks=3)
+    (x,) = queued(alone, 100)
+    alone.admit()
+    assert alone.prefill_pieces() == [(x, 0, 32)]
 
 
 def test_whole_prompts_when_the_chunk_is_zero():
