@@ -530,7 +530,10 @@ class EngineLoop:
                 self._send(seq, final=True)
             elif seq.request.stream:
                 self._send(seq, final=False)
-        for stream in retained:  # their sequences' blocks are back in the pool now
+        # their sequences' blocks are back in the pool now. Sequences finishing in one step may
+        # claim the same stream (the later one outgrew the earlier one's tokens, or took its
+        # place): its blocks are counted once, for what it holds now.
+        for stream in dict.fromkeys(retained):
             if stream >= 0:
                 self.retained.count(stream)
 

@@ -100,7 +100,10 @@ class RetainedPrompts:
 
     def count(self, stream: int) -> bool:
         """Count a kept stream's blocks in the pool, giving up the least recently used others while it
-        lacks them. -> False when they do not fit (the entry is given up)."""
+        lacks them. -> False when they do not fit (the entry is given up), or when the stream holds
+        nothing any more (a later claim in the same step failed and gave it up)."""
+        if self.entries[stream] is None:
+            return False
         n = len(self.entries[stream].tokens)
         while not self.pool.can_allocate(n) and self.evict_one(but=stream):
             pass

@@ -61,6 +61,18 @@ def test_sequences_leaving_in_one_step_get_streams_of_their_own():
     assert r.pool.num_free == 16 - 3
 
 
+def test_a_sequence_outgrowing_another_that_left_in_the_same_step_takes_its_stream_counted_once():
+    """Two sequences of one conversation finish in the same step: the later claim replaces the
+    earlier (not counted yet) on the same stream. The loop counts each stream once (dict.fromkeys
+    in EngineLoop._emit); a stream given up since counts nothing."""
+    r = RetainedPrompts(2, BlockPool(16, 4), min_tokens=1)
+    a, b = r.keep([1, 2, 3]), r.keep([1, 2, 3, 4, 5])
+    assert a == b == 0 and r.count(0) and r.pool.num_free == 16 - 2 and r.tokens_kept == 5
+    c = r.keep([7, 8])
+    r.forget(c)
+    assert not r.count(c) and r.pool.num_free == 16 - 2
+
+
 def test_storing_gives_up_others_when_the_pool_is_short_and_refuses_what_never_fits():
     pool = BlockPool(4, 4)
     r = RetainedPrompts(2, pool, min_tokens=1)
