@@ -10,13 +10,12 @@ plan, drafting depth, KV pressure, and learning from each StepOutcome alone.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from .acceptance import AcceptanceEstimator, Pick, pick_drafter
 from .base import Policy, bucket_of, register
-from .elastic import ElasticMemory, tau_low_blocks
+from .elastic import ElasticMemory, kv_pressure
 from .goodput import expected_tokens
 from .params import in_range, require
 from .planner import Plan, optimism_bonus, optimistic_goodput, plan_step, speculation_pays
@@ -160,7 +159,7 @@ class Composite(Policy):
         usable = [d for d in c.drafters if d in info and info[d].resident]
         self._seen = _Seen(sum([v.context_len for v in ctx.sequences]) / b, ctx.tpot_slo_s, tuple(usable))
         # KV headroom: while requests wait and free blocks are short, drafts would preempt them
-        pressure = ctx.queue_len > 0 and ctx.kv_free_blocks < tau_low_blocks(ctx, c.tau_low_frac)
+        pressure = kv_pressure(ctx.queue_len, ctx.kv_free_blocks, ctx.kv_total_blocks, c.tau_low_frac)
         arms = self._choose(ctx, usable, info) if usable and not pressure else {}
         actions = self.memory.update(ctx, sd_enabled=bool(arms)) if c.elastic else []
         return Decision(arms=arms, memory_actions=tuple(actions))
@@ -331,8 +330,8 @@ class Composite(Policy):
         c = self.cfg
         if batch_size < 1:
             return False
-        if queue_len > 0 and kv_free_blocks < math.ceil(c.tau_low_frac * kv_total_blocks):
-            return False  # KV pressure: `decide` would draft for no sequence (tau_low_blocks)
+        if kv_pressure(queue_len, kv_free_blocks, kv_total_blocks, c.tau_low_frac):
+            return False  # `decide` would draft for no sequence
         bucket = bucket_of(batch_size)
         if self._pays(batch_size, bucket):
             self._declined[bucket] = 0

@@ -14,6 +14,15 @@ from typing import List, Set
 from .types import MemoryAction, StepContext
 
 
+def kv_pressure(queue_len: int, kv_free_blocks: int, kv_total_blocks: int, tau_low_frac: float) -> bool:
+    """Requests wait and fewer than tau_low blocks are free: drafts would preempt them.
+
+    >>> kv_pressure(1, 99, 1000, 0.1), kv_pressure(0, 99, 1000, 0.1), kv_pressure(1, 100, 1000, 0.1)
+    (True, False, False)
+    """
+    return queue_len > 0 and kv_free_blocks < math.ceil(tau_low_frac * kv_total_blocks)
+
+
 def tau_low_blocks(ctx: StepContext, tau_low_frac: float) -> int:
     """tau_low in blocks: a fraction of the pool (paper's best ≈ 10%).
 

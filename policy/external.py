@@ -88,6 +88,11 @@ class IterationDrafter:
         self._pending = self.spec.propose(ctx, active)
         return {a.seq_id: list(d.tokens) for a, d in zip(self._pending.batch, self._pending.drafts)}
 
+    @property
+    def pending(self) -> bool:
+        """Whether the previous iteration's drafts still wait for their verdict."""
+        return self._pending is not None
+
     def close(self, generating: Sequence[Generating], finished: Sequence[Generating] = ()) -> Optional[StepOutcome]:
         """Close the previous iteration as soon as its tokens are committed, before the next one
         runs: an engine that may run that one without the hook (speculation off) commits plain

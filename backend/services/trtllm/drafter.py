@@ -158,6 +158,7 @@ class AdaptiveDrafterLogic:
         self.in_flight: Optional[Callable[[], int]] = None  # the serving layer's requests in flight
         self.iteration_lengths: "collections.Counter[int]" = collections.Counter()  # length answered -> count
         self._waiting = 0  # requests waiting, as counted at the latest iteration's start
+        self._fresh: Dict[int, Generating] = {}  # request id -> its Generating view read at this iteration's start
         self.hook_errors = 0
         self.last = Iteration()
         self._seen: Dict[int, object] = {}  # request id -> the LlmRequest scheduled last iteration
@@ -187,13 +188,16 @@ class AdaptiveDrafterLogic:
 
     def _close_previous(self) -> None:
         """Learn from the previous iteration now that its tokens are committed: the next one may
-        run without the hook (speculation off), and its plain tokens are not the drafts' verdict."""
-        if not self._seen:
-            return
+        run without the hook (speculation off), and its plain tokens are not the drafts' verdict.
+        Requests that completed leave now (and `_seen`). Reading a request's tokens copies them
+        all, so it is done only where needed, once an iteration: the generating requests' views
+        are kept for `prepare_draft_tokens` in the same iteration (nothing commits in between)."""
         done = _api.generation_complete_state()
-        requests = list(self._seen.values())
-        self.iteration_drafter.close([_generating(r) for r in requests if r.state != done],
-                                     [_generating(r) for r in requests if r.state == done])
+        finished = [rid for rid, r in self._seen.items() if r.state == done]
+        if not finished and not self.iteration_drafter.pending:
+            return
+        self._fresh = {rid: _generating(r) for rid, r in self._seen.items() if r.state != done}
+        self.iteration_drafter.close(list(self._fresh.values()), [_generating(self._seen.pop(rid)) for rid in finished])
 
     def prepare_draft_tokens(self, scheduled_requests, resource_manager=None) -> None:
         requests = [r for r in scheduled_requests.generation_requests if not _is_dummy(r)]
@@ -207,7 +211,8 @@ class AdaptiveDrafterLogic:
             r.py_draft_tokens = [int(t) for t in drafts.get(int(r.py_request_id), ())][: self.draft_cap]
 
     def _drafts(self, scheduled_requests, requests, resource_manager) -> Dict[int, List[int]]:
-        generating = [_generating(r) for r in requests]
+        fresh, self._fresh = self._fresh, {}
+        generating = [fresh.get(int(r.py_request_id)) or _generating(r) for r in requests]
         now = {g.request_id for g in generating}
         done = _api.generation_complete_state()
         finished = [_generating(r) for rid, r in self._seen.items() if rid not in now and r.state == done]
