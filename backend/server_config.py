@@ -34,7 +34,7 @@ class ServerConfig:
     threads: int = 0  # engine threads (torch intra-op, llama.cpp); 0 = all cores
     policy: str = "composite"  # a registered policy name (see policy/)
     policy_config: str = ""  # optional YAML file with the policy's parameters
-    drafters: str = "ngram,suffix"  # comma-separated: registered drafters, or model drafters found in drafter_dir
+    drafters: str = "ngram,suffix,grammar"  # comma-separated: registered drafters, or model drafters found in drafter_dir
     drafter_dir: str = ".cache/drafters"  # model drafter <name> is <drafter_dir>/<name>-drafter[-quick]
     kv_budget_mb: int = 0  # target KV cache + resident model drafters; 0 = room for max_batch full contexts
     chat_template_default: bool = False  # apply the chat template when the request does not say

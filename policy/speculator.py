@@ -70,6 +70,9 @@ class DraftRequest:
 
 # Asked between a model drafter's sub-steps: (seq_id, confidences so far) -> keep drafting?
 ContinueFn = Callable[[int, list], bool]
+# (seq_id, committed tokens, draft tokens) -> how many leading draft tokens may be verified (a
+# grammar's: drafts that leave it are cut before the forward, so no position is spent on them)
+TrimFn = Callable[[int, Sequence[int], Sequence[int]], int]
 
 
 class DrafterLike(Protocol):
@@ -149,9 +152,10 @@ class Speculator:
     def __init__(self, policy: Policy, drafters: Mapping[str, DrafterLike], *,
                  clock: Clock = time.perf_counter,
                  drafter_blocks: Optional[Callable[[str], int]] = None,
-                 on_outcome: Optional[Callable[[StepOutcome], None]] = None, lookahead: bool = False):
+                 on_outcome: Optional[Callable[[StepOutcome], None]] = None, lookahead: bool = False,
+                 trim: Optional[TrimFn] = None):
         self.policy, self.drafters, self.clock, self.on_outcome = policy, dict(drafters), clock, on_outcome
-        self.lookahead = lookahead
+        self.lookahead, self.trim = lookahead, trim
         self._ready: Dict[int, Dict[str, Draft]] = {}  # this step's lookahead: seq_id -> drafter -> draft
         self.model_drafters = {n: d for n, d in self.drafters.items() if d.is_model}
         self.drafter_blocks = drafter_blocks or _no_blocks  # a named function: the component pickles
@@ -220,7 +224,7 @@ class Speculator:
                 log.exception("drafter %s failed looking ahead", name)
                 continue
             for s, draft in zip(todo, out):
-                self._ready.setdefault(s.seq_id, {})[name] = draft
+                self._ready.setdefault(s.seq_id, {})[name] = self._trimmed(s.seq_id, s.tokens, draft)
         return {s.seq_id: {n: len(d) for n, d in self._ready.get(s.seq_id, {}).items()} for s in sequences}
 
     def propose(self, ctx: StepContext, sequences: Sequence[Active], *,
@@ -355,8 +359,13 @@ class Speculator:
                 log.exception("drafter %s failed; its %d sequences fall back to gamma 0", name, len(idxs))
                 continue
             for i, d in zip(idxs, out):
-                drafts[i], names[i] = d, name
+                drafts[i], names[i] = self._trimmed(batch[i].seq_id, batch[i].tokens, d), name
         return drafts, names
+
+    def _trimmed(self, seq_id: int, tokens: Sequence[int], draft: Draft) -> Draft:
+        if self.trim is not None and len(draft):
+            draft.keep(self.trim(seq_id, tokens, draft.tokens))
+        return draft
 
 
 def shadow_trials(drafts: Mapping[str, Sequence[int]], committed: Sequence[int]) -> list:

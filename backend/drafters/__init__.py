@@ -3,5 +3,6 @@ Model drafters (backend/drafters/model.py) are built from artifacts, not registe
 from .base import DRAFTERS, ContinueFn, Draft, Drafter, DraftRequest, make_drafter
 from . import ngram  # noqa: F401  (registers "ngram")
 from . import suffix  # noqa: F401  (registers "suffix")
+from . import grammar  # noqa: F401  (registers "grammar")
 
 __all__ = ["DRAFTERS", "ContinueFn", "Draft", "Drafter", "DraftRequest", "make_drafter"]

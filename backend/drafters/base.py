@@ -25,6 +25,7 @@ class Drafter(abc.ABC):
     resident: bool = True  # usable now; model drafters are not while parked or reloading
     reloading: bool = False  # a parked model drafter's weights are coming back (drafters/model.py)
     wants_features: bool = False  # reads the target's features: the loop calls observe_features (drafters/feature.py)
+    wants_guides: bool = False  # reads guided sequences' grammar states: the loop binds `guides` (drafters/grammar.py)
 
     @abc.abstractmethod
     def propose(self, seq_id: int, tokens: Sequence[int], gamma: int) -> Draft:

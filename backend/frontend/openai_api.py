@@ -47,7 +47,7 @@ COMPLETION_FIELDS = COMMON | {"prompt", "echo", "best_of", "suffix"}
 NEUTRAL = {"logit_bias": (None, {}), "tools": (None, []),
            "tool_choice": (None, "none", "auto"), "parallel_tool_calls": (None, True, False),
            "metadata": (None, {}), "store": (None, False), "service_tier": (None, "auto", "default"),
-           "best_of": (None, 1), "suffix": (None, ""), "response_format": (None, {"type": "text"})}
+           "best_of": (None, 1), "suffix": (None, "")}
 ROLES = {"system", "developer", "user", "assistant"}
 
 
@@ -137,7 +137,43 @@ def parse_common(body, allowed: set) -> dict:
     p["include_usage"] = bool((opts or {}).get("include_usage"))
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise ApiError(400, "user must be a string", "user")
+    p["guide"] = parse_response_format(body.get("response_format"))
     return p
+
+
+def parse_response_format(fmt) -> Optional[tuple]:
+    """OpenAI's response_format -> (guided_decoding_guide_type, guided_decoding_guide) for the engine,
+    or None for text. json_object is any JSON object; json_schema's schema is enforced (whatever its
+    `strict`: structured output is always exact here)."""
+    from ..generation.guided import Guide, guide_problem
+
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
+        raise ApiError(400, "response_format must be an object with a type (text, json_object or json_schema)",
+                       "response_format")
+    kind = fmt["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        guide = Guide("json_schema", json.dumps({"type": "object"}))
+    elif kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise ApiError(400, "response_format.json_schema must be an object holding the schema (an object) "
+                           "under `schema`", "response_format")
+        extra = set(spec) - {"name", "description", "schema", "strict"}
+        if extra:
+            raise ApiError(400, f"response_format.json_schema.{sorted(extra)[0]} is not a field of json_schema",
+                           "response_format")
+        guide = Guide("json_schema", json.dumps(spec["schema"]))
+    else:
+        raise ApiError(400, f"response_format.type must be text, json_object or json_schema, got {kind!r}",
+                       "response_format")
+    problem = guide_problem(guide)
+    if problem:
+        raise ApiError(400, f"response_format: {problem}", "response_format")
+    return guide.type, guide.text
 
 
 def parse_chat(body) -> tuple:
@@ -405,6 +441,9 @@ class OpenAIApi:
             ins.append(t("return_log_probs", True, "BOOL", bool))
             if p["top_logprobs"]:
                 ins.append(t("return_top_log_probs", p["top_logprobs"], "INT32", np.int32))
+        if p.get("guide"):
+            ins.append(t("guided_decoding_guide_type", p["guide"][0].encode(), "BYTES", object))
+            ins.append(t("guided_decoding_guide", p["guide"][1].encode(), "BYTES", object))
         if p["stop"]:
             x = InferInput("stop_words", [1, len(p["stop"])], "BYTES")
             x.set_data_from_numpy(np.array([[s.encode() for s in p["stop"]]], dtype=object))

@@ -24,6 +24,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from .metrics import MetricsPublisher, RequestLog
+from ..generation.guided import Guide
 from ..generation.logits_processors import Penalties
 from ..generation.request import GenerationRequest, Overloaded, RequestError, decode_utf8, validate
 from ..generation.sampling import SamplingParams
@@ -103,6 +104,7 @@ def _convert(request, cfg: ServerConfig) -> list:
         raise RequestError(f"send one prompt per batch row (text_input has shape {list(text.shape)})")
     columns = {k: _scalars(request, k, kind, batch) for k, kind in _SCALARS.items()}
     stop_rows, bad_rows = _strings(request, "stop_words", batch), _strings(request, "bad_words", batch)
+    guide_types, guides = _strings(request, GUIDE_TYPE, batch), _strings(request, GUIDE_TEXT, batch)
     out = []
     for b, raw in enumerate(text.reshape(-1)):
         v = {k: col[b] for k, col in columns.items()}
@@ -128,6 +130,7 @@ def _convert(request, cfg: ServerConfig) -> list:
         if sampling.top_k == 1:
             sampling = SamplingParams()
         chat = v["apply_chat_template"]
+        guide = _guide(guide_types[b], guides[b], where)
         for s in range(n):  # sequence s samples with seed + s when a seed is given
             seed = None if v["random_seed"] is None else (v["random_seed"] + s) % (1 << 64)
             out.append((GenerationRequest(
@@ -137,9 +140,29 @@ def _convert(request, cfg: ServerConfig) -> list:
                 stream=bool(v["stream"]), exclude_input_in_output=bool(v["exclude_input_in_output"]),
                 apply_chat_template=cfg.chat_template_default if chat is None else chat, penalties=penalties,
                 return_log_probs=bool(v["return_log_probs"]), return_top_log_probs=v["return_top_log_probs"] or 0,
-                return_perf_metrics=bool(v["return_perf_metrics"])),
+                return_perf_metrics=bool(v["return_perf_metrics"]), guide=guide),
                 b if batch > 1 else None, s if n > 1 else None))
     return out
+
+
+GUIDE_TYPE, GUIDE_TEXT = "guided_decoding_guide_type", "guided_decoding_guide"
+
+
+def _guide(types: list, texts: list, where: str) -> Optional[Guide]:
+    """TensorRT-LLM's guided decoding inputs of one prompt -> a Guide, or None (no type, or an
+    empty one: unguided, as in TensorRT-LLM). The grammar itself is compiled at admission."""
+    if len(types) > 1 or len(texts) > 1:
+        raise RequestError(f"{GUIDE_TYPE} and {GUIDE_TEXT} take one string per request{where}")
+    kind, text = (types[0].strip() if types else ""), (texts[0] if texts else "")
+    if not kind:
+        if text.strip():
+            raise RequestError(f"{GUIDE_TEXT} needs {GUIDE_TYPE} (json, json_schema, regex or ebnf_grammar){where}")
+        return None
+    guide = Guide(kind, text)
+    problem = guide.problem()
+    if problem:
+        raise RequestError(problem + where)
+    return guide
 
 
 class ResponseGroup:

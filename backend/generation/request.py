@@ -6,6 +6,7 @@ import random
 from dataclasses import dataclass, field
 from typing import FrozenSet, List, Optional, Sequence
 
+from .guided import Guide
 from .logits_processors import Penalties
 from .sampling import SamplingParams
 from ..wire import ErrorKind
@@ -49,6 +50,7 @@ class GenerationRequest:
     return_log_probs: bool = False  # cum_log_probs / output_log_probs / output_token_ids outputs
     return_top_log_probs: int = 0  # output_top_token_ids / output_top_log_probs: k alternatives per token
     return_perf_metrics: bool = False  # acceptance_rate, total_draft_tokens, ... outputs
+    guide: Optional[Guide] = None  # structured output: the grammar the output must match (backend/generation/guided.py)
 
 
 def validate(req: GenerationRequest, limits: Limits) -> GenerationRequest:
@@ -83,7 +85,7 @@ def validate(req: GenerationRequest, limits: Limits) -> GenerationRequest:
     if k and not req.return_log_probs:
         raise RequestError("return_top_log_probs needs return_log_probs=true (the alternatives come with the "
                            "generated tokens' own log probs)")
-    problem = req.penalties.problems(req.max_tokens)
+    problem = req.penalties.problems(req.max_tokens) or (req.guide.problem() if req.guide is not None else None)
     if problem:
         raise RequestError(problem)
     return req

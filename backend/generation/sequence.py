@@ -62,7 +62,8 @@ class Sequence:
     stop_at: Optional[int] = field(default=None)  # char index where a stop word begins
     preemptions: int = 0  # times it left the batch for lack of KV blocks (and was recomputed)
     joined: bool = False  # its first prefill completed: the speculator (policy, drafters) knows it
-    processor: Any = None  # backend.generation.logits_processors.LogitsProcessor, or None (no penalties)
+    processor: Any = None  # backend.generation.logits_processors.LogitsProcessor / guided.GuidedProcessor, or None
+    guide: Any = None  # backend.generation.guided.GuideState: the grammar its output must match, or None
     log_probs: List[float] = field(default_factory=list)  # return_log_probs: one per generated token
     top_ids: List[List[int]] = field(default_factory=list)  # return_top_log_probs: per generated token
     top_log_probs: List[List[float]] = field(default_factory=list)

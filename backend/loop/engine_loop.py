@@ -39,10 +39,11 @@ from policy.speculator import Active, Proposal, Speculator, Verified
 
 from ..generation.detokenizer import IncrementalDetokenizer
 from ..drafters import Drafter
+from ..generation.guided import GuideCompiler, GuidedProcessor, GuideError, GuideState
 from ..generation.logits_processors import LogitsProcessor, tokenize_words
 from .memory import DrafterMemory, KVMemory
 from ..engines.ragged import prefill_groups
-from ..generation.request import GenerationRequest, Limits, admit, chat_prefix
+from ..generation.request import GenerationRequest, Limits, RequestError, admit, chat_prefix
 from ..generation.sequence import Sequence
 from ..server_config import ServerConfig
 from ..wire import ErrorKind
@@ -120,8 +121,15 @@ class EngineLoop:
         self.scheduler = Scheduler(config.max_batch, config.prefill_chunk, self.memory.pool, engine, self.stats,
                                    reclaim=self._reclaim if self.retained else None, on_admit=self._start_cached,
                                    prefill_chunks=config.prefill_chunks)
+        # Structured output: the grammar states of guided sequences, shared with the grammar drafter;
+        # every drafter's drafts are cut where they leave a sequence's grammar.
+        self.guide_compiler = GuideCompiler(tokenizer, engine.shape.vocab)
+        self.guides: Dict[int, GuideState] = {}
+        for d in drafters.values():
+            if getattr(d, "wants_guides", False):
+                d.guides = self.guides
         self.spec = Speculator(policy, drafters, clock=clock, drafter_blocks=self.memory.drafter_blocks,
-                               on_outcome=self._record, lookahead=True)
+                               on_outcome=self._record, lookahead=True, trim=self._grammar_prefix)
         self.inbox: "queue.Queue[Sequence]" = queue.Queue()
         self.trace: "collections.deque[StepOutcome]" = collections.deque(maxlen=config.trace_len)
         self._ids = iter(range(1, 1 << 62))
@@ -184,14 +192,22 @@ class EngineLoop:
         a = admit(req, self.tok, self.cfg.limits, self.engine.shape.vocab, self.default_eos,
                   draining=self._drain_deadline is not None, queue_depth=self.queue_depth, max_queue=self.cfg.max_queue)
         gen = None if req.sampling.greedy else torch.Generator().manual_seed(a.seed)
-        processor = None
+        processor = guide = None
         if not req.penalties.neutral:  # requests without penalties pay nothing per step
             processor = LogitsProcessor(req.penalties, tokenize_words(self.tok, req.penalties.bad_words), a.eos_ids,
                                         temperature=0.0 if req.sampling.greedy else req.sampling.temperature)
+        if req.guide is not None:
+            try:
+                guide = self.guide_compiler.compile(req.guide, len(a.prompt_ids), a.eos_ids)
+            except GuideError as e:
+                raise RequestError(str(e)) from None
+            processor = GuidedProcessor(guide, processor)
         seq = Sequence(seq_id=next(self._ids), request=req, sink=sink, prompt_ids=a.prompt_ids,
                        tokens=list(a.prompt_ids), detok=IncrementalDetokenizer(self.tok, a.prompt_ids),
                        eos_ids=a.eos_ids, generator=gen, seed=a.seed, arrival_s=self.clock(), processor=processor,
-                       kv_block_size=self.pool.block_size)
+                       kv_block_size=self.pool.block_size, guide=guide)
+        if guide is not None:
+            self.guides[seq.seq_id] = guide
         self.inbox.put(seq)
         return seq.seq_id
 
@@ -414,6 +430,11 @@ class EngineLoop:
             seq.append([first], self.cfg.limits.max_context, log_probs=lps)
         return failed, done
 
+    def _grammar_prefix(self, seq_id: int, tokens, draft) -> int:
+        """The speculator's trim: a guided sequence's draft as far as its grammar allows it."""
+        guide = self.guides.get(seq_id)
+        return len(draft) if guide is None else guide.valid_prefix(tokens, draft)
+
     def _forward(self, slots, starts, tokens, logit_rows=None):
         """The target's forward: (logits, features of every new position, or None when no
         drafter reads features)."""
@@ -551,5 +572,6 @@ class EngineLoop:
         """The sequence is done (finished, cancelled or failed): slot and blocks back, drafters and
         policy forget it."""
         self.scheduler.vacate(seq)
+        self.guides.pop(seq.seq_id, None)
         if seq.joined:
             self.spec.leave(seq.seq_id)

@@ -37,7 +37,7 @@ from policy.types import StepOutcome
 
 from ...generation.detokenizer import IncrementalDetokenizer
 from ...loop.stats import LoopStats
-from ...generation.request import GenerationRequest, Limits, admit, prompt_ids
+from ...generation.request import GenerationRequest, Limits, RequestError, admit, prompt_ids
 from ...generation.sequence import Sequence
 from ...server_config import ServerConfig
 from ...wire import ErrorKind
@@ -263,6 +263,8 @@ class TrtllmService:
     def submit(self, req: GenerationRequest, sink) -> int:
         """Admit (backend/request.admit: ShuttingDown, Overloaded or RequestError if refused) and
         start serving."""
+        if req.guide is not None:  # TensorRT-LLM's own guided decoding is not wired in (docs/trtllm.md)
+            raise RequestError("structured output (guided decoding) is not served on the trtllm engine yet")
         a = admit(req, self.tok, self.limits, self.vocab, self.default_eos, draining=self._draining,
                   queue_depth=self.queue_depth, max_queue=self.max_queue)
         if not req.sampling.greedy:
