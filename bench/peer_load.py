@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import List, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import aiohttp
 
@@ -19,12 +19,14 @@ from peer_workloads import Feed
 TIMEOUT_S = 600
 
 
-async def chat(http: aiohttp.ClientSession, base_url: str, key: str, messages: list, max_tokens: int) -> Request:
+async def chat(http: aiohttp.ClientSession, base_url: str, key: str, messages: list, max_tokens: int,
+               extra: Optional[dict] = None) -> Request:
     """One streamed chat completion at temperature 0: when its content began and ended, its
     output tokens (the final usage chunk; content chunks where a server sends no usage) and text.
-    A failure is a Request with its error, never an exception."""
+    `extra`: more body fields (response_format). A failure is a Request with its error, never an
+    exception."""
     body = {"model": "llm", "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
-            "stream": True, "stream_options": {"include_usage": True}}
+            "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}
     start = time.perf_counter()
     first = last = None
     parts, chunks, usage = [], 0, None
@@ -51,7 +53,12 @@ async def chat(http: aiohttp.ClientSession, base_url: str, key: str, messages: l
     return Request(key, start, first, last, tokens, "".join(parts))
 
 
-async def _stream(http, base_url: str, feed: Feed, stop_at: float, max_tokens: int, out: List[Request]) -> None:
+# a request's key -> more body fields for it (bench/bench_structured.py: its response_format)
+ExtraFn = Callable[[str], Optional[dict]]
+
+
+async def _stream(http, base_url: str, feed: Feed, stop_at: float, max_tokens: int, out: List[Request],
+                  extra: Optional[ExtraFn] = None) -> None:
     """One closed-loop stream: the next turn as soon as the last answer is in, until stop_at; a
     conversation that fails is abandoned (its next turn would resend a history it never got)."""
     while time.perf_counter() < stop_at:
@@ -60,7 +67,7 @@ async def _stream(http, base_url: str, feed: Feed, stop_at: float, max_tokens: i
             turn = session.next_request()
             if turn is None:
                 break
-            r = await chat(http, base_url, *turn, max_tokens)
+            r = await chat(http, base_url, *turn, max_tokens, extra(turn[0]) if extra else None)
             out.append(r)
             if not r.ok:
                 await asyncio.sleep(0.1)  # a server that refuses everything is not spun against
@@ -69,21 +76,21 @@ async def _stream(http, base_url: str, feed: Feed, stop_at: float, max_tokens: i
 
 
 async def _closed_loop(base_url: str, feed: Feed, streams: int, ramp_s: float, seconds: float,
-                       max_tokens: int) -> Tuple[List[Request], float, float]:
+                       max_tokens: int, extra: Optional[ExtraFn] = None) -> Tuple[List[Request], float, float]:
     out: List[Request] = []
     connector = aiohttp.TCPConnector(force_close=True, limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as http:
         t0 = time.perf_counter()
         w0, w1 = t0 + ramp_s, t0 + ramp_s + seconds
-        await asyncio.gather(*(_stream(http, base_url, feed, w1, max_tokens, out) for _ in range(streams)))
+        await asyncio.gather(*(_stream(http, base_url, feed, w1, max_tokens, out, extra) for _ in range(streams)))
     return out, w0, w1
 
 
 def closed_loop(base_url: str, feed: Feed, streams: int, ramp_s: float, seconds: float,
-                max_tokens: int) -> Tuple[List[Request], float, float]:
+                max_tokens: int, extra: Optional[ExtraFn] = None) -> Tuple[List[Request], float, float]:
     """`streams` closed-loop streams for ramp_s + seconds (new requests start until then; those in
     flight finish). Returns every request and the measured window [w0, w1] (after the ramp)."""
-    return asyncio.run(_closed_loop(base_url, feed, streams, ramp_s, seconds, max_tokens))
+    return asyncio.run(_closed_loop(base_url, feed, streams, ramp_s, seconds, max_tokens, extra))
 
 
 def warm_up(base_url: str) -> Request:

@@ -1,0 +1,27 @@
+"""The structured-output benchmark's pure parts (bench/bench_structured.py), without servers: its
+prompts and schemas compile and the answers it counts as valid are the schema's."""
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # bench/ scripts import their siblings
+
+from bench_structured import SCHEMAS, response_format, valid, workload  # noqa: E402
+from backend.generation.guided import Guide, guide_problem  # noqa: E402
+
+
+def test_every_schema_compiles_and_every_prompt_names_its_schema():
+    for schema in SCHEMAS.values():
+        assert guide_problem(Guide("json_schema", json.dumps(schema))) is None
+    specs = workload(30)
+    assert len({key for key, _ in specs}) == 30 and len({turns[0] for _, turns in specs}) > 25
+    for key, _ in specs:
+        fmt = response_format(key)["response_format"]
+        assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"] is SCHEMAS[key.split("/")[0]]
+
+
+def test_valid_answers_parse_with_the_schemas_keys_in_order():
+    good = '{"title": "Poetry Slam", "date": "2026-03-04", "city": "Oslo", "attendees": 40, "free": true}'
+    assert valid("event/3", good)
+    assert not valid("event/3", good[:-1])  # cut short
+    assert not valid("person/0", good)  # another schema's keys
