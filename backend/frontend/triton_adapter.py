@@ -25,6 +25,7 @@ import triton_python_backend_utils as pb_utils
 
 from .metrics import MetricsPublisher, RequestLog
 from ..generation.guided import Guide
+from ..generation import word_lists
 from ..generation.logits_processors import Penalties
 from ..generation.request import GenerationRequest, Overloaded, RequestError, decode_utf8, validate
 from ..generation.sampling import SamplingParams
@@ -92,11 +93,41 @@ def _strings(request, name: str, batch: int) -> list:
     return [[decode_utf8(b, name) if isinstance(b, bytes) else str(b) for b in row] for row in _rows(arr, name, batch)]
 
 
+def _token_prompt(request) -> Optional[list]:
+    """input_ids (a token-level prompt, [1, n] or [n]) as a list, or None when not sent; a prompt
+    in text_input as well is refused."""
+    arr = _tensor(request, "input_ids")
+    if arr is None:
+        return None
+    text = _tensor(request, "text_input")
+    if text is not None and text.size:
+        raise RequestError("send the prompt as text_input or as input_ids, not both")
+    if arr.ndim > 1 and arr.shape[0] != 1:
+        raise RequestError(f"input_ids has {arr.shape[0]} rows; send one token sequence per request")
+    return [int(t) for t in arr.reshape(-1)]
+
+
+def _word_lists(request, name: str, batch: int) -> list:
+    """stop_words_list / bad_words_list ([2, n] int32 per prompt: backend/generation/word_lists.py)
+    as token sequences, one list per prompt of the batch."""
+    arr = _tensor(request, name)
+    if arr is None:
+        return [[] for _ in range(batch)]
+    if arr.ndim < 2 or arr.shape[-2] != 2:
+        raise RequestError(f"{name} must have shape [2, n] per request (ids, end offsets), got {list(arr.shape)}")
+    try:
+        return [word_lists.decode(r.reshape(2, -1), name) for r in _rows(arr.reshape(-1, 2 * arr.shape[-1]), name, batch)]
+    except ValueError as e:
+        raise RequestError(str(e)) from None
+
+
 def _convert(request, cfg: ServerConfig) -> list:
     """One Triton request -> [(GenerationRequest, batch_index, sequence_index)]: one per prompt of
     the batch (text_input rows) and returned sequence (num_return_sequences); an index is None
     when that dimension is 1 (its output is then not sent)."""
-    text = _tensor(request, "text_input")
+    text, ids = _tensor(request, "text_input"), _token_prompt(request)
+    if ids is not None:  # one token-level prompt: the batch is its one row
+        text = np.array([b""], dtype=np.object_)
     if text is None or text.size == 0:
         raise RequestError("text_input is missing or empty")
     batch = text.shape[0] if text.ndim >= 1 else 1
@@ -105,6 +136,7 @@ def _convert(request, cfg: ServerConfig) -> list:
     columns = {k: _scalars(request, k, kind, batch) for k, kind in _SCALARS.items()}
     stop_rows, bad_rows = _strings(request, "stop_words", batch), _strings(request, "bad_words", batch)
     guide_types, guides = _strings(request, GUIDE_TYPE, batch), _strings(request, GUIDE_TEXT, batch)
+    stop_ids, bad_ids = _word_lists(request, "stop_words_list", batch), _word_lists(request, "bad_words_list", batch)
     out = []
     for b, raw in enumerate(text.reshape(-1)):
         v = {k: col[b] for k, col in columns.items()}
@@ -140,7 +172,8 @@ def _convert(request, cfg: ServerConfig) -> list:
                 stream=bool(v["stream"]), exclude_input_in_output=bool(v["exclude_input_in_output"]),
                 apply_chat_template=cfg.chat_template_default if chat is None else chat, penalties=penalties,
                 return_log_probs=bool(v["return_log_probs"]), return_top_log_probs=v["return_top_log_probs"] or 0,
-                return_perf_metrics=bool(v["return_perf_metrics"]), guide=guide),
+                return_perf_metrics=bool(v["return_perf_metrics"]), input_ids=ids, stop_words_ids=stop_ids[b],
+                bad_words_ids=bad_ids[b], return_output_ids=ids is not None, guide=guide),
                 b if batch > 1 else None, s if n > 1 else None))
     return out
 
@@ -253,6 +286,9 @@ def chunk_outputs(chunk: Chunk, batch_index=None, sequence_index=None) -> dict:
         out.update({k: np.array([[chunk.perf[k]]], dtype=t) for k, t in PERF_OUTPUTS.items()})
         # TensorRT-LLM's KV-cache block counts (blocks reused across requests: backend/loop/retained.py)
         out.update({k: np.array([[chunk.perf.get(k, 0)]], dtype=np.int32) for k in KV_OUTPUTS})
+    if chunk.output_ids is not None:  # TensorRT-LLM's [batch, beam, tokens] and [batch, beam]
+        out["output_ids"] = np.array(chunk.output_ids, dtype=np.int32).reshape(1, 1, -1)
+        out["sequence_length"] = np.array([[len(chunk.output_ids)]], dtype=np.int32)
     if batch_index is not None:
         out["batch_index"] = np.array([[batch_index]], dtype=np.int32)
     if sequence_index is not None:

@@ -14,6 +14,7 @@ from ..wire import ErrorKind
 
 MIN_TEMPERATURE = 1e-6  # smallest positive temperature: logits / t stays finite in float32
 MAX_TOP_LOG_PROBS = 20  # return_top_log_probs: alternatives per generated token (OpenAI's top_logprobs limit)
+NO_END_ID = -1  # end_id -1: no end token, generate until max_tokens or a stop word (TensorRT-LLM's meaning)
 MAX_CHARS_PER_TOKEN = 64  # a prompt longer than this x the context window cannot fit: refused before tokenizing
 
 
@@ -51,11 +52,21 @@ class GenerationRequest:
     return_top_log_probs: int = 0  # output_top_token_ids / output_top_log_probs: k alternatives per token
     return_perf_metrics: bool = False  # acceptance_rate, total_draft_tokens, ... outputs
     guide: Optional[Guide] = None  # structured output: the grammar the output must match (backend/generation/guided.py)
+    # Token-level requests (TensorRT-LLM's `tensorrt_llm` model, through llm's input_ids):
+    input_ids: Optional[List[int]] = None  # the prompt as token ids, instead of `prompt`
+    stop_words_ids: Sequence[Sequence[int]] = ()  # token sequences ending generation (kept in the output)
+    bad_words_ids: Sequence[Sequence[int]] = ()  # token sequences never generated (as bad_words)
+    return_output_ids: bool = False  # output_ids / sequence_length outputs
 
 
 def validate(req: GenerationRequest, limits: Limits) -> GenerationRequest:
     """Raise RequestError naming the first problem; return the request unchanged."""
-    if not isinstance(req.prompt, str) or not req.prompt:
+    if req.input_ids is not None:
+        if not req.input_ids:
+            raise RequestError("input_ids is empty")
+        if req.apply_chat_template:
+            raise RequestError("apply_chat_template needs a text prompt (text_input), not input_ids")
+    elif not isinstance(req.prompt, str) or not req.prompt:
         raise RequestError("text_input is missing or empty")
     if len(req.prompt) > MAX_CHARS_PER_TOKEN * limits.max_context:  # tokenizing it would cost seconds
         raise RequestError(f"text_input has {len(req.prompt)} characters; it cannot fit the context window of "
@@ -92,7 +103,10 @@ def validate(req: GenerationRequest, limits: Limits) -> GenerationRequest:
 
 
 def prompt_ids(tokenizer, req: GenerationRequest) -> list:
-    """The request's prompt as token ids: raw, or as a user turn in the model's chat template."""
+    """The request's prompt as token ids: given (input_ids), raw, or as a user turn in the model's
+    chat template."""
+    if req.input_ids is not None:
+        return list(req.input_ids)
     if req.apply_chat_template:
         if not getattr(tokenizer, "chat_template", None):
             raise RequestError("this model has no chat template; send apply_chat_template=false")
@@ -130,10 +144,15 @@ def admit(req: GenerationRequest, tokenizer, limits: Limits, vocab: int, default
     if len(ids) >= limits.max_context:
         raise RequestError(f"prompt has {len(ids)} tokens; the context window is {limits.max_context} "
                            f"(prompt + output must fit)")
-    if req.end_id is not None and not 0 <= req.end_id < vocab:
+    if req.end_id is not None and not (0 <= req.end_id < vocab or req.end_id == NO_END_ID):
         raise RequestError(f"end_id {req.end_id} is outside the vocabulary [0, {vocab})")
-    return Admitted(ids, req.seed if req.seed is not None else random.getrandbits(63),
-                    frozenset({req.end_id}) if req.end_id is not None else default_eos)
+    for name, seqs in (("input_ids", [ids] if req.input_ids is not None else []),
+                       ("stop_words_list", req.stop_words_ids), ("bad_words_list", req.bad_words_ids)):
+        bad = next((t for seq in seqs for t in seq if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestError(f"{name} holds token id {bad}, outside the vocabulary [0, {vocab})")
+    eos = default_eos if req.end_id is None else frozenset() if req.end_id == NO_END_ID else frozenset({req.end_id})
+    return Admitted(ids, req.seed if req.seed is not None else random.getrandbits(63), eos)
 
 
 def chat_prefix(tokenizer) -> list:

@@ -28,6 +28,7 @@ class Chunk:
     top_log_probs: Optional[List[List[float]]] = None  # return_top_log_probs: their log probs
     cum_log_prob: float = 0.0  # return_log_probs: sum over every generated token so far
     perf: Optional[dict] = None  # return_perf_metrics: TensorRT-LLM's per-request metrics
+    output_ids: Optional[List[int]] = None  # return_output_ids: new ids (streaming), else the whole sequence
 
 
 class ResponseSink(Protocol):
@@ -68,6 +69,7 @@ class Sequence:
     top_ids: List[List[int]] = field(default_factory=list)  # return_top_log_probs: per generated token
     top_log_probs: List[List[float]] = field(default_factory=list)
     sent_log_probs: int = 0  # log_probs already sent (streaming)
+    sent_ids: int = 0  # generated ids already sent as output_ids (streaming)
     arrival_ns: int = field(default_factory=time.time_ns)  # wall clock, for return_perf_metrics
     scheduled_ns: int = 0
     first_token_ns: int = 0
@@ -124,6 +126,10 @@ class Sequence:
                 break
             self.tokens.append(t)
             self.detok.push([t])
+            if req.stop_words_ids and any(0 < len(w) <= self.generated and self.tokens[-len(w):] == list(w)
+                                           for w in req.stop_words_ids):
+                self.finish_reason = "stop"  # a token-level stop word stays in the output, as in TensorRT-LLM
+                break
             if req.stop_words:
                 at = find_stop(self.detok.text, req.stop_words, self.sent_chars)
                 if at is not None:
@@ -153,7 +159,8 @@ class Sequence:
         TensorRT-LLM). Raises whatever the sink raises."""
         if self.request.stream:
             chunk = self.chunk(finish=final)
-            if chunk.text or final:
+            new_ids = self.request.return_output_ids and self.generated > self.sent_ids
+            if chunk.text or final or new_ids:
                 self.sink.send(self._extras(chunk), final)
         elif final:
             chunk = self.chunk(finish=True)
@@ -166,6 +173,12 @@ class Sequence:
         """The outputs the request asked for besides the text: the log probs (ids, top alternatives)
         of the tokens not yet sent, and the perf metrics."""
         req = self.request
+        if req.return_output_ids:  # TensorRT-LLM's output_ids: streamed, the new ids; else the prompt's too
+            start = len(self.prompt_ids) + self.sent_ids if req.stream else len(self.prompt_ids)
+            if not req.stream and not req.exclude_input_in_output:
+                start = 0
+            chunk.output_ids = self.tokens[start:]
+            self.sent_ids = self.generated
         if req.return_log_probs:
             sent, start = self.sent_log_probs, len(self.prompt_ids)
             chunk.output_log_probs = self.log_probs[sent:]

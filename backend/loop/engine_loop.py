@@ -193,8 +193,9 @@ class EngineLoop:
                   draining=self._drain_deadline is not None, queue_depth=self.queue_depth, max_queue=self.cfg.max_queue)
         gen = None if req.sampling.greedy else torch.Generator().manual_seed(a.seed)
         processor = guide = None
-        if not req.penalties.neutral:  # requests without penalties pay nothing per step
-            processor = LogitsProcessor(req.penalties, tokenize_words(self.tok, req.penalties.bad_words), a.eos_ids,
+        if not req.penalties.neutral or req.bad_words_ids:  # requests without penalties pay nothing per step
+            bad = tokenize_words(self.tok, req.penalties.bad_words) + [list(w) for w in req.bad_words_ids]
+            processor = LogitsProcessor(req.penalties, bad, a.eos_ids,
                                         temperature=0.0 if req.sampling.greedy else req.sampling.temperature)
         if req.guide is not None:
             try:

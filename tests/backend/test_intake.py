@@ -55,3 +55,23 @@ def test_seed_and_end_tokens():
     assert (a.seed, a.eos_ids, a.prompt_ids) == (7, frozenset({5}), [4, 5])
     b, c = run(GenerationRequest("hi", sampling=SamplingParams(temperature=1.0))), run(GenerationRequest("hi"))
     assert b.eos_ids == EOS and b.seed != c.seed  # a random seed when the request sends none
+
+
+def test_token_prompts_are_taken_as_they_are_and_checked_against_the_vocabulary():
+    tok = CountingTokenizer()
+    a = run(GenerationRequest("", input_ids=[7, 8, 9], stop_words_ids=[[3]]), tok)
+    assert a.prompt_ids == [7, 8, 9] and tok.calls == 0
+    for field, words in (("input_ids", dict(input_ids=[7, 100])), ("stop_words_list", dict(stop_words_ids=[[100]])),
+                         ("bad_words_list", dict(bad_words_ids=[[1, -3]]))):
+        with pytest.raises(RequestError, match=f"{field} holds token id"):
+            run(GenerationRequest("", **{"input_ids": [1], **words}))
+    with pytest.raises(RequestError, match="input_ids is empty"):
+        run(GenerationRequest("", input_ids=[]))
+    with pytest.raises(RequestError, match="apply_chat_template needs a text prompt"):
+        run(GenerationRequest("", input_ids=[1], apply_chat_template=True))
+
+
+def test_end_id_minus_one_means_no_end_token():
+    assert run(GenerationRequest("hi", end_id=-1)).eos_ids == frozenset()
+    with pytest.raises(RequestError, match="end_id -2 is outside"):
+        run(GenerationRequest("hi", end_id=-2))

@@ -267,6 +267,8 @@ class TrtllmService:
             raise RequestError("structured output (guided decoding) is not served on the trtllm engine yet")
         a = admit(req, self.tok, self.limits, self.vocab, self.default_eos, draining=self._draining,
                   queue_depth=self.queue_depth, max_queue=self.max_queue)
+        if req.bad_words_ids:  # our logits processors run in our loop only
+            raise RequestError("bad_words_list is not served by the TensorRT-LLM service yet")
         if not req.sampling.greedy:
             req.seed = a.seed  # TensorRT-LLM samples with the request's seed (sampling_params)
         seq = Sequence(seq_id=next(self._ids), request=req, sink=sink, prompt_ids=a.prompt_ids,
