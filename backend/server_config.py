@@ -108,6 +108,7 @@ OTHER_ENV = {
     "SPECSERVE_MAX_RESTARTS": "the launcher: Triton restarts within 10 minutes",
     "SPECSERVE_CANCEL_DIR": "the launcher tells the model where the edge marks cancelled requests",
     "SPECSERVE_DRAIN_FILE": "the launcher tells the model the file that says it is draining",
+    "SPECSERVE_EDGE_REFUSALS": "the launcher tells the model the file holding the edge's refusal counts",
     "SPECSERVE_BUILD_ON_DEMAND": "the launcher: build what the served config names before serving",
     "SPECSERVE_DRAFTER_PRESET": "builds of model drafters: quick or full",
     "SPECSERVE_PROFILE_BUDGET_S": "seconds a step-time profile may take",

@@ -39,6 +39,7 @@ from typing import Optional
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
 from .http_body import EdgeError, parse_json, read_body
+from .metrics import EdgeRefusals
 from ..wire import ADMIN_HEADER, REQUEST_ID, REQUEST_ID_HEADER, REQUEST_ID_NAMES, ErrorKind, error_kind
 
 log = logging.getLogger("specserve.edge")
@@ -175,8 +176,10 @@ class Edge:
     def __init__(self, upstream: str, max_body_bytes: int = MAX_BODY_BYTES, max_depth: int = MAX_DEPTH,
                  grpc_upstream: Optional[str] = None, draining: Optional[asyncio.Event] = None,
                  admin_key: Optional[str] = None, upstream_admin_key: Optional[str] = None,
-                 cancel_dir: Optional[str] = None):
+                 cancel_dir: Optional[str] = None, refusals_file: Optional[str] = None):
         self.upstream = upstream.rstrip("/")  # e.g. http://127.0.0.1:18000
+        # what is refused here never reaches Triton's or the model's counters (backend/frontend/metrics.py)
+        self.refusals = EdgeRefusals(refusals_file)
         # Set when shutdown begins: every new request gets 503 (readiness too), in-flight ones go on.
         self.draining = draining
         # The client's ADMIN_HEADER is checked here against admin_key and never passed on; Triton
@@ -204,6 +207,7 @@ class Edge:
     async def _refuse_while_draining(self, request: web.Request, handler):
         if self.draining is None or not self.draining.is_set() or request.path == "/v2/health/live":
             return await handler(request)
+        self.refusals.count("openai" if request.path.startswith("/v1") else "triton", 503, "shutting_down")
         return error_response(503, ErrorKind.SHUTTING_DOWN.message("not accepting new requests; retry on another "
                                                                    "server or later"),
                               request.path.endswith("/generate_stream"))
@@ -310,6 +314,7 @@ class Edge:
             body = await read_body(request, self.max_body_bytes)
             generate = await self._check(request, body)
         except EdgeError as e:
+            self.refusals.count("triton", e.status)
             return error_response(e.status, e.message, stream)
         headers = self._upstream_headers(request)
         path = await self._route(request)
@@ -346,6 +351,7 @@ class Edge:
                 return resp
         except (ClientError, asyncio.TimeoutError, ConnectionRefusedError) as e:
             log.warning("upstream %s %s failed: %r", request.method, request.path, e)
+            self.refusals.count("triton", 503, "unreachable")
             return error_response(503, "the inference server is not reachable; retry later", stream)
 
     def _relay_whole(self, status: int, headers: dict, data: bytes, stream: bool) -> web.Response:

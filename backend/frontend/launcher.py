@@ -311,8 +311,10 @@ class Supervisor:
         # CancelMarks). Removed with the workdir at exit.
         self.cancel_dir = self.workdir / "cancelled"
         self.cancel_dir.mkdir()
+        self.refusals_file = self.workdir / "edge_refusals.json"  # the edge's counts, read by the model's metrics
         self.env = server_env({"SPECSERVE_DRAIN_FILE": str(self.drain_file),
-                               "SPECSERVE_CANCEL_DIR": str(self.cancel_dir)})
+                               "SPECSERVE_CANCEL_DIR": str(self.cancel_dir),
+                               "SPECSERVE_EDGE_REFUSALS": str(self.refusals_file)})
         self.env.pop("SPECSERVE_ADMIN_KEY", None)  # Triton needs none of it
         self.proc: subprocess.Popen | None = None
         self.restarts: list = []  # monotonic times of restarts within the window
@@ -404,6 +406,7 @@ class Supervisor:
             self.bind, self.ports.http, f"http://127.0.0.1:{self.ports.triton_http}", edge_stop,
             shutdown_timeout=EXIT_TIMEOUT_S + 2, grpc_upstream=f"127.0.0.1:{self.ports.grpc}", draining=draining,
             admin_key=self.admin_key, upstream_admin_key=self.upstream_admin_key, cancel_dir=str(self.cancel_dir),
+            refusals_file=str(self.refusals_file),
             **self.limits))
         failed = False
         while True:

@@ -9,7 +9,11 @@ Three groups, every series labelled `model` and `version` (Triton's model name a
   decisions by arm, drafter residency, KV blocks, phases;
 * `specserve_requests_rejected_total{reason}`: Triton counts a decoupled model's request as a
   success once `execute()` returns, whatever error the model later sends, so its
-  `nv_inference_request_failure` never sees our refusals.
+  `nv_inference_request_failure` never sees our refusals;
+* `specserve_edge_requests_refused_total{api,status,reason}`: requests the HTTP edge answers with
+  an error before they reach Triton (the OpenAI API's 400s, bodies over the limit, malformed
+  JSON, ...). The edge runs in the launcher's process, so it hands its totals over in a file
+  (`EdgeRefusals`).
 
 Importable without Triton: the publisher is handed `triton_python_backend_utils` (or a fake
 in tests). Values are published from a side thread twice a second, not per step: each
@@ -19,6 +23,7 @@ thread only does a few dict increments per step (`StepStats.observe`).
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import threading
@@ -37,6 +42,10 @@ TOKEN_LEN_BUCKETS = [10.0, 50.0, 100.0, 500.0, 1000.0]
 LATENCY_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]
 # pb_utils.TritonError code names (as backend/frontend/triton_adapter.py sends them) -> reason label.
 REJECT_REASONS = {"INVALID_ARG": "invalid", "UNAVAILABLE": "unavailable", "INTERNAL": "internal"}
+# HTTP status -> reason label of an edge refusal that carries no more precise code.
+EDGE_REASONS = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
+                500: "internal", 503: "unavailable"}
+EDGE_REFUSALS_ENV = "SPECSERVE_EDGE_REFUSALS"  # the file the launcher names for the edge and the model
 
 COUNTERS = {  # metric name -> (LoopStats field, help)
     "specserve_steps_total": ("steps", "speculative steps run"),
@@ -134,6 +143,63 @@ class RequestLog:
         self.answers.append((input_tokens, output_tokens, first_s, total_s))  # deque.append is thread-safe
 
 
+class EdgeRefusals:
+    """Requests the HTTP edge answered with an error before they reached Triton, by (api, status,
+    reason): api "openai" (/v1/...) or "triton" (the Triton HTTP protocol). The edge runs in the
+    launcher's process and the metrics publisher in the model's, so the edge keeps its totals in
+    `path` (JSON, replaced whole, at most every `flush_s`) and the publisher reads that file back.
+    The totals outlive a Triton restart (the launcher's process keeps them)."""
+
+    def __init__(self, path: Optional[str], flush_s: float = 0.2):
+        self.path, self.flush_s = path, flush_s
+        self.totals: collections.Counter = collections.Counter()
+        self._pending = False
+
+    def count(self, api: str, status: int, code: Optional[str] = None) -> None:
+        self.totals[(api, str(status), code or EDGE_REASONS.get(status, "other"))] += 1
+        if self.path is None or self._pending:
+            return
+        try:  # the edge's asyncio loop: one write per burst of refusals, off the request's path
+            import asyncio
+            asyncio.get_running_loop().call_later(self.flush_s, self.flush)
+            self._pending = True
+        except RuntimeError:  # no running loop (tests): write now
+            self.flush()
+
+    def flush(self) -> None:
+        self._pending = False
+        tmp = f"{self.path}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump([[*key, n] for key, n in self.totals.items()], f)
+            os.replace(tmp, self.path)
+        except OSError as e:
+            log.warning("could not write the edge's refusal counts to %s: %r", self.path, e)
+
+
+class EdgeRefusalsFile:
+    """The publisher's side of EdgeRefusals: the totals in `path`, re-read only when it changed."""
+
+    def __init__(self, path: Optional[str]):
+        self.path, self._mtime, self._totals = path, None, {}
+
+    def totals(self) -> dict:
+        if not self.path:
+            return {}
+        try:
+            st = os.stat(self.path)
+            mtime = (st.st_ino, st.st_mtime_ns)  # each write replaces the file: a new inode
+            if mtime != self._mtime:
+                with open(self.path) as f:
+                    self._totals = {(api, status, reason): int(n) for api, status, reason, n in json.load(f)}
+                self._mtime = mtime
+        except FileNotFoundError:  # nothing refused yet
+            pass
+        except (OSError, ValueError, TypeError) as e:
+            log.warning("could not read the edge's refusal counts from %s: %r", self.path, e)
+        return self._totals
+
+
 class Family:
     """One metric family with the model/version labels on every series; series are created on
     first use. Triton's counters only increment, so `count_to` publishes a total's growth."""
@@ -173,9 +239,10 @@ class MetricsPublisher:
     """Publishes the service's state into Triton's Prometheus metrics (port --metrics-port)."""
 
     def __init__(self, service: Service, pb, model: str, version: str, requests: Optional[RequestLog] = None,
-                 period_s: float = 0.5, start: bool = True):
+                 period_s: float = 0.5, start: bool = True, edge_refusals: Optional[str] = None):
         self.service, self.period_s = service, period_s
         self.requests = requests or RequestLog()
+        self.edge_refusals = EdgeRefusalsFile(edge_refusals or os.environ.get(EDGE_REFUSALS_ENV))
         self.steps = StepStats(service)
         service.add_outcome_listener(self.steps.observe)
         base = {"model": model, "version": str(version)}
@@ -223,6 +290,9 @@ class MetricsPublisher:
                                "requests answered with an error: invalid (400), unavailable (503: overloaded "
                                "or shutting down), internal (500)",
                                "COUNTER")
+        self.edge_refused = family("specserve_edge_requests_refused_total",
+                                   "requests the HTTP edge answered with an error before they reached Triton, by "
+                                   "api (openai, triton), HTTP status and reason", "COUNTER")
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="metrics", daemon=True)
         if start:
@@ -276,6 +346,8 @@ class MetricsPublisher:
             rejected = dict(self.requests.rejected)
         for reason in REJECT_REASONS.values():
             self.rejected.count_to(rejected.get(reason, 0), reason=reason)
+        for (api, status, reason), n in self.edge_refusals.totals().items():
+            self.edge_refused.count_to(n, api=api, status=status, reason=reason)
         answers = self.requests.answers
         while answers:
             n_in, n_out, first_s, total_s = answers.popleft()

@@ -10,12 +10,15 @@ Supported: `messages` (system / developer / user / assistant; text content or te
 `prompt` (a string, or a list of one), `max_tokens` / `max_completion_tokens`, `temperature`
 (default 1, as OpenAI), `top_p`, `presence_penalty` / `frequency_penalty` (-2..2), `seed`, `stop`, `n` (up to MAX_N: n requests in one batch,
 seeds seed, seed+1, ... when a seed is given), `stream` with `stream_options.include_usage`,
-`echo` (completions), `usage`, `logprobs` (chat: true / false with `top_logprobs` 0..20;
+`echo` (completions), `usage`, vLLM's `min_tokens` and `ignore_eos` (the engine's min_length),
+`logprobs` (chat: true / false with `top_logprobs` 0..20;
 completions: 0..5) in OpenAI's shapes, streaming or not: the log prob of each generated token under
 the distribution it was sampled from and its most likely alternatives (the engine's
 `return_log_probs` / `return_top_log_probs`), token strings by decoding each id alone. Anything else
 is refused with an OpenAI-shaped error naming it (`logit_bias`, `tools`, ... are not served yet:
 refused rather than ignored, so a client never gets output that silently disregards a setting).
+Every error is OpenAI-shaped ({"error": {message, type, param, code}}), unknown /v1 routes included;
+those refused here, before Triton, are counted in the edge's refusals (backend/frontend/metrics.py).
 """
 from __future__ import annotations
 
@@ -39,7 +42,8 @@ MAX_TOP_LOGPROBS, MAX_COMPLETION_LOGPROBS = 20, 5  # OpenAI's limits (chat top_l
 ENGINE_MODEL = "llm"  # the Triton model every OpenAI request runs on
 
 COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n",
-          "user", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias"}
+          "user", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias",
+          "min_tokens", "ignore_eos"}  # vLLM's extensions (genai-perf's fixed output length sends them)
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
                         "tool_choice", "parallel_tool_calls", "metadata", "store", "service_tier"}
 COMPLETION_FIELDS = COMMON | {"prompt", "echo", "best_of", "suffix"}
@@ -49,6 +53,9 @@ NEUTRAL = {"logit_bias": (None, {}), "tools": (None, []),
            "metadata": (None, {}), "store": (None, False), "service_tier": (None, "auto", "default"),
            "best_of": (None, 1), "suffix": (None, "")}
 ROLES = {"system", "developer", "user", "assistant"}
+# The routes of this API and their methods: another method answers 405, another /v1 path 404.
+ROUTES = {"/v1/models": "GET", "/v1/chat/completions": "POST", "/v1/completions": "POST"}
+MODEL_OBJECT = {"id": ENGINE_MODEL, "object": "model", "created": 0, "owned_by": "specserve"}
 
 
 class ApiError(Exception):
@@ -67,11 +74,39 @@ def error_response(e: ApiError) -> web.Response:
     return web.json_response(e.body(), status=e.status, headers=headers)
 
 
-def model_error(message: str) -> ApiError:
-    """An error Triton or the model sent, with the HTTP status of its kind."""
+def model_error(message: str, p: Optional[dict] = None) -> ApiError:
+    """An error Triton or the model sent, with the HTTP status of its kind, and the OpenAI field it
+    is about (`param`) when the message names an engine input this request set from one."""
     message = message.split("] ", 1)[1] if message.startswith("[request id:") else message
     kind = error_kind(message)
-    return ApiError(kind.http_status, message, code="server_overloaded" if kind.retry else None)
+    first = message.split(" ", 1)[0]
+    param = (p or {}).get("fields", {}).get(first) if kind is ErrorKind.INVALID else None
+    return ApiError(kind.http_status, message, param, code="server_overloaded" if kind.retry else None)
+
+
+def _check_unicode(value, where: str = "") -> None:
+    """A lone surrogate (JSON allows "\\ud800") cannot be encoded as UTF-8 for the engine: 400 naming
+    the first field holding one, keys included."""
+    stack = [(value, where)]
+    while stack:  # depth already bounded by the edge
+        v, path = stack.pop()
+        if isinstance(v, dict):
+            for k, x in v.items():
+                name = f"{path}.{k}" if path else str(k)
+                _check_string(k, name)
+                stack.append((x, name))
+        elif isinstance(v, list):
+            stack.extend((x, f"{path}[{i}]") for i, x in enumerate(v))
+        elif isinstance(v, str):
+            _check_string(v, path)
+
+
+def _check_string(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ApiError(400, f"{where} is not valid Unicode: a lone surrogate "
+                            f"(U+{ord(text[e.start]):04X}) at character {e.start}", where) from None
 
 
 # -- request parsing ---------------------------------------------------------------------------------
@@ -102,6 +137,7 @@ def parse_common(body, allowed: set) -> dict:
     stream, include_usage}; ApiError(400) naming the first bad or unsupported field."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    _check_unicode(body)
     for name in body:
         if name not in allowed:
             raise ApiError(400, f"Unrecognized request argument supplied: {name}", name)
@@ -137,6 +173,18 @@ def parse_common(body, allowed: set) -> dict:
     p["include_usage"] = bool((opts or {}).get("include_usage"))
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise ApiError(400, "user must be a string", "user")
+    # vLLM's: min_tokens masks the end tokens until that many were generated (the engine's min_length);
+    # ignore_eos generates exactly max_tokens (resolve_lengths)
+    p["min_tokens"] = _integer(body, "min_tokens", 0, 2**31 - 1) or 0
+    ignore_eos = body.get("ignore_eos")
+    if ignore_eos is not None and not isinstance(ignore_eos, bool):
+        raise ApiError(400, f"ignore_eos must be true or false, got {json.dumps(ignore_eos)[:40]}", "ignore_eos")
+    p["ignore_eos"] = bool(ignore_eos)
+    # engine input -> the OpenAI field it came from, to name it in the model's errors (model_error)
+    p["fields"] = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
+                   "random_seed": "seed", "stop_words": "stop", "presence_penalty": "presence_penalty",
+                   "frequency_penalty": "frequency_penalty", "min_length": "min_tokens",
+                   "guided_decoding_guide_type": "response_format", "guided_decoding_guide": "response_format"}
     p["guide"] = parse_response_format(body.get("response_format"))
     return p
 
@@ -176,11 +224,30 @@ def parse_response_format(fmt) -> Optional[tuple]:
     return guide.type, guide.text
 
 
+def resolve_lengths(p: dict, default_max_tokens: Optional[int]) -> None:
+    """-> p["min_length"], the engine's: min_tokens, or with ignore_eos max_tokens itself. ignore_eos
+    is exact this way: the end tokens are masked for every token, so exactly max_tokens are
+    generated (unless a stop string ends it, as in vLLM); an end_id "that never occurs" does not
+    exist under sampling. Unlike vLLM, an end token is never emitted mid-output. A request without
+    max_tokens gets the server's default here, so min_tokens can be checked against it."""
+    if (p["min_tokens"] or p["ignore_eos"]) and p["max_tokens"] is None:
+        p["max_tokens"] = default_max_tokens
+    p["min_length"] = p["max_tokens"] if p["ignore_eos"] else p["min_tokens"]
+    if p["min_tokens"] > (p["max_tokens"] or 0):
+        raise ApiError(400, f"min_tokens {p['min_tokens']} exceeds max_tokens {p['max_tokens']}"
+                            + ("" if p["max_tokens_sent"] else " (the server's default: send max_tokens)"),
+                       "min_tokens")
+
+
 def parse_chat(body) -> tuple:
     """-> (params, messages as [{role, content: str}])."""
     p = parse_common(body, CHAT_FIELDS)
     mct = _integer(body, "max_completion_tokens", 1, 2**31 - 1)
-    p["max_tokens"] = mct if mct is not None else _integer(body, "max_tokens", 1, 2**31 - 1)
+    mt = _integer(body, "max_tokens", 1, 2**31 - 1)  # checked even when max_completion_tokens wins
+    p["max_tokens"] = mct if mct is not None else mt
+    p["max_tokens_sent"] = p["max_tokens"] is not None
+    p["fields"].update(max_tokens="max_completion_tokens" if mct is not None else "max_tokens",
+                       prompt="messages", text_input="messages")
     logprobs = body.get("logprobs")
     if logprobs is not None and not isinstance(logprobs, bool):
         raise ApiError(400, f"logprobs must be true or false, got {json.dumps(logprobs)[:40]}", "logprobs")
@@ -199,12 +266,17 @@ def parse_chat(body) -> tuple:
         extra = set(m) - {"role", "content", "name"}
         if extra:
             raise ApiError(400, f"{where}.{sorted(extra)[0]} is not supported by this server", where)
+        if m.get("name") is not None and not isinstance(m["name"], str):
+            raise ApiError(400, f"{where}.name must be a string, got {json.dumps(m['name'])[:40]}", f"{where}.name")
         content = m.get("content")
         if isinstance(content, list):
             parts = []
             for j, part in enumerate(content):
                 if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                     raise ApiError(400, f"{where}.content[{j}]: only text parts are supported", where)
+                if set(part) - {"type", "text"}:  # nothing in a part is ignored either
+                    raise ApiError(400, f"{where}.content[{j}].{sorted(set(part) - {'type', 'text'})[0]} is not "
+                                        "supported by this server", f"{where}.content[{j}]")
                 parts.append(part["text"])
             content = "".join(parts)
         if not isinstance(content, str):
@@ -218,6 +290,8 @@ def parse_completion(body) -> tuple:
     p = parse_common(body, COMPLETION_FIELDS)
     mt = _integer(body, "max_tokens", 1, 2**31 - 1)
     p["max_tokens"] = 16 if mt is None else mt  # OpenAI's default for completions
+    p["max_tokens_sent"] = True  # 16 is the API's own default, not the server's
+    p["fields"].update(prompt="prompt", text_input="prompt")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
@@ -342,9 +416,21 @@ class OpenAIApi:
 
     def mount(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model:.+}", self.model)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
+        # before the edge's catch-all, which would pass these to Triton (a plain-text 404)
+        app.router.add_route("*", "/v1", self.unknown_route)
+        app.router.add_route("*", "/v1/{tail:.*}", self.unknown_route)
         app.on_cleanup.append(self._close)
+
+    def _refused(self, e: ApiError) -> web.Response:
+        """The error of a request refused here, before Triton: counted, since neither Triton's
+        counters nor the model's see it."""
+        refusals = getattr(self.edge, "refusals", None)
+        if refusals is not None:
+            refusals.count("openai", e.status, e.code)
+        return error_response(e)
 
     async def _close(self, app) -> None:
         if self.client is not None:
@@ -389,33 +475,59 @@ class OpenAIApi:
         try:
             await self._config()
         except ApiError as e:
-            return error_response(e)
-        return web.json_response({"object": "list", "data": [
-            {"id": ENGINE_MODEL, "object": "model", "created": 0, "owned_by": "specserve"}]})
+            return self._refused(e)
+        return web.json_response({"object": "list", "data": [MODEL_OBJECT]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        """GET /v1/models/{id}: the model object (the SDK's client.models.retrieve)."""
+        try:
+            self._check_model(request.match_info["model"])
+            await self._config()
+        except ApiError as e:
+            return self._refused(e)
+        return web.json_response(MODEL_OBJECT)
+
+    async def unknown_route(self, request: web.Request) -> web.Response:
+        allowed = ROUTES.get(request.path) or ("GET" if request.path.startswith("/v1/models/") else None)
+        if allowed is not None and request.method not in (allowed, "HEAD"):  # a route of ours, another method
+            return self._refused(ApiError(405, f"Method {request.method} is not allowed on {request.path} "
+                                               f"(use {allowed})", code="method_not_allowed"))
+        return self._refused(ApiError(404, f"Invalid URL ({request.method} {request.path}): this server serves "
+                                           f"{', '.join(f'{m} {r}' for r, m in ROUTES.items())} and GET "
+                                           "/v1/models/{model}", code="unknown_url"))
 
     def _check_model(self, name: str) -> None:
         if name != ENGINE_MODEL:
             raise ApiError(404, f"The model '{name}' does not exist (this server serves '{ENGINE_MODEL}')",
                            "model", "model_not_found")
 
+    async def _default_max_tokens(self) -> int:
+        from ..server_config import ServerConfig
+        params = {k: v["string_value"] for k, v in (await self._config()).get("parameters", {}).items()}
+        params.pop("project_root", None)
+        return ServerConfig.load(params).default_max_tokens
+
     async def chat(self, request: web.Request) -> web.StreamResponse:
         try:
             p, messages = parse_chat(await self._read(request))
             self._check_model(p["model"])
+            needs_default = p["max_tokens"] is None and (p["min_tokens"] or p["ignore_eos"])
+            resolve_lengths(p, await self._default_max_tokens() if needs_default else None)
             prompt = (await self._chat_template()).render(messages)
         except ApiError as e:
-            return error_response(e)
+            return self._refused(e)
         except Exception:
             log.exception("could not render the chat template")
-            return error_response(ApiError(500, f"{ErrorKind.INTERNAL.prefix} while rendering the chat template; see the server log"))
+            return self._refused(ApiError(500, f"{ErrorKind.INTERNAL.prefix} while rendering the chat template; see the server log"))
         return await self._run(request, p, prompt, chat=True, echo=False)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         try:
             p, prompt, echo = parse_completion(await self._read(request))
             self._check_model(p["model"])
+            resolve_lengths(p, None)  # max_tokens is always set (16)
         except ApiError as e:
-            return error_response(e)
+            return self._refused(e)
         return await self._run(request, p, prompt, chat=False, echo=echo)
 
     # -- running requests ------------------------------------------------------------------------------
@@ -437,6 +549,8 @@ class OpenAIApi:
         for name in ("presence_penalty", "frequency_penalty"):
             if p.get(name):
                 ins.append(t(name, p[name], "FP32", np.float32))
+        if p.get("min_length"):
+            ins.append(t("min_length", p["min_length"], "INT32", np.int32))
         if p.get("logprobs"):
             ins.append(t("return_log_probs", True, "BOOL", bool))
             if p["top_logprobs"]:
@@ -466,7 +580,7 @@ class OpenAIApi:
         try:
             async for result, error in stream:
                 if error is not None:
-                    raise model_error(error.message())
+                    raise model_error(error.message(), p)
                 index = int(result.get_response().id)
                 out = result.as_numpy("text_output")
                 text = out.reshape(-1)[0].decode("utf-8", "replace") if out is not None else ""
@@ -492,10 +606,10 @@ class OpenAIApi:
         try:
             pieces = await self._token_pieces() if p.get("logprobs") else None
         except ApiError as e:
-            return error_response(e)
+            return self._refused(e)
         except Exception:
             log.exception("could not load the tokenizer for logprobs")
-            return error_response(ApiError(500, f"{ErrorKind.INTERNAL.prefix} while loading the tokenizer; see the server log"))
+            return self._refused(ApiError(500, f"{ErrorKind.INTERNAL.prefix} while loading the tokenizer; see the server log"))
         try:
             first = await events.__anext__()
         except ApiError as e:
@@ -504,7 +618,7 @@ class OpenAIApi:
             return error_response(ApiError(500, f"{ErrorKind.INTERNAL.prefix}: the model sent no response; see the server log"))
         except Exception:
             log.exception("OpenAI request failed")
-            return error_response(ApiError(503, "the inference server is not reachable; retry later"))
+            return self._refused(ApiError(503, "the inference server is not reachable; retry later"))
         if p["stream"]:
             return await self._stream(request, events, first, p, prompt, rid, created, obj, model, chat, echo, pieces)
         texts, finish, usage_in, usage_out = [[] for _ in range(p["n"])], [None] * p["n"], 0, [0] * p["n"]

@@ -125,3 +125,36 @@ def test_iteration_figures_while_running(engine, tokenizer):
 def test_arm_labels():
     assert arm_labels(None, 0) == arm_labels("ngram", 0) == ("none", 0)
     assert arm_labels("suffix", 4) == ("suffix", 4)
+
+
+def test_edge_refusals_reach_the_publisher(engine, tokenizer, tmp_path):
+    """The edge (the launcher's process) writes its refusal totals to a file; the model's publisher
+    publishes them as specserve_edge_requests_refused_total{api,status,reason}, only their growth."""
+    import asyncio
+    import json
+
+    from backend.frontend.metrics import EdgeRefusals
+    FakePb.series = {}
+    path = tmp_path / "edge_refusals.json"
+    pub = MetricsPublisher(make_loop(engine, tokenizer, "off", max_batch=4), FakePb, "llm", "1", start=False,
+                           edge_refusals=str(path))
+    pub.publish()  # no file yet: nothing refused, nothing published
+    assert not [k for k in FakePb.series if k[0] == "specserve_edge_requests_refused_total"]
+    edge = EdgeRefusals(str(path))
+    edge.count("openai", 400)
+    edge.count("openai", 404, "model_not_found")
+    edge.count("triton", 413)
+    pub.publish()
+    name = "specserve_edge_requests_refused_total"
+    assert value(name, api="openai", status=400, reason="invalid_request") == 1
+    assert value(name, api="openai", status=404, reason="model_not_found") == 1
+    assert value(name, api="triton", status=413, reason="body_too_large") == 1
+
+    async def burst():  # in the edge's event loop: one write after a burst, not one per refusal
+        for _ in range(5):
+            edge.count("openai", 400)
+        assert ["openai", "400", "invalid_request", 1] in json.loads(path.read_text())  # not yet written
+        await asyncio.sleep(edge.flush_s * 2)
+    asyncio.run(burst())
+    pub.publish()
+    assert value(name, api="openai", status=400, reason="invalid_request") == 6

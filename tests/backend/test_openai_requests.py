@@ -3,7 +3,7 @@ server: tests/integration/test_openai_api.py runs it against the real one."""
 import pytest
 
 from backend.frontend.openai_api import (ApiError, ChatTemplate, TokenPieces, chat_logprobs, completion_logprobs, model_error,
-                                parse_chat, parse_completion)
+                                parse_chat, parse_completion, resolve_lengths)
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -27,7 +27,19 @@ def test_fields():
 
 
 @pytest.mark.parametrize("body,param,words", [
-    ({"model": "llm", "messages": MSG, "min_tokens": 3}, "min_tokens", "Unrecognized request argument supplied: min_tokens"),
+    ({"model": "llm", "messages": MSG, "min_p": 0.1}, "min_p", "Unrecognized request argument supplied: min_p"),
+    # found by hand (issue 32): each was accepted, or answered 503 / 500, before
+    ({"model": "llm", "messages": [{"role": "user", "content": "a\ud800b"}]}, "messages[0].content", "lone surrogate"),
+    ({"model": "llm", "messages": MSG, "stop": ["x", "\udc00"]}, "stop[1]", "lone surrogate"),
+    ({"model": "llm", "messages": MSG, "user": "\ud800"}, "user", "lone surrogate"),
+    ({"model": "llm", "messages": MSG, "\ud800": 1}, "\ud800", "lone surrogate"),
+    ({"model": "llm", "messages": [{"role": "user", "content": "hi", "name": 5}]}, "messages[0].name", "must be a string"),
+    ({"model": "llm", "messages": [{"role": "user", "content": [{"type": "text", "text": "a", "x": {"y": [1]}}]}]},
+     "messages[0].content[0]", "content[0].x is not supported"),
+    ({"model": "llm", "messages": MSG, "max_completion_tokens": 3, "max_tokens": "x"}, "max_tokens", "must be an integer"),
+    ({"model": "llm", "messages": MSG, "min_tokens": -1}, "min_tokens", "between 0"),
+    ({"model": "llm", "messages": MSG, "min_tokens": 2.0}, "min_tokens", "must be an integer"),
+    ({"model": "llm", "messages": MSG, "ignore_eos": "yes"}, "ignore_eos", "ignore_eos must be true or false"),
     ({"model": "llm", "messages": MSG, "logprobs": 1}, "logprobs", "logprobs must be true or false"),
     ({"model": "llm", "messages": MSG, "top_logprobs": 2}, "top_logprobs", "top_logprobs requires logprobs"),
     ({"model": "llm", "messages": MSG, "logprobs": False, "top_logprobs": 2}, "top_logprobs", "requires logprobs"),
@@ -50,6 +62,45 @@ def test_chat_refusals_name_the_field(body, param, words):
     with pytest.raises(ApiError, match=words.replace("[", r"\[")) as e:
         parse_chat(body)
     assert e.value.status == 400 and e.value.param == param
+
+
+@pytest.mark.parametrize("body,expected", [
+    ({}, (None, 0)),  # the model applies its default max_tokens
+    ({"max_tokens": 8, "min_tokens": 3}, (8, 3)),
+    ({"max_tokens": 8, "min_tokens": 8}, (8, 8)),
+    ({"max_tokens": 8, "ignore_eos": True}, (8, 8)),  # exactly max_tokens: the end tokens are masked throughout
+    ({"max_tokens": 8, "ignore_eos": True, "min_tokens": 2}, (8, 8)),
+    ({"max_tokens": 8, "ignore_eos": False}, (8, 0)),
+    ({"ignore_eos": True}, (64, 64)),  # without max_tokens: the server's default_max_tokens, sent explicitly
+    ({"min_tokens": 5}, (64, 5)),
+])
+def test_min_tokens_and_ignore_eos(body, expected):
+    p, _ = parse_chat(dict({"model": "llm", "messages": MSG}, **body))
+    resolve_lengths(p, 64 if p["max_tokens"] is None else None)
+    assert (p["max_tokens"], p["min_length"]) == expected
+
+
+@pytest.mark.parametrize("body,words", [({"max_tokens": 4, "min_tokens": 5}, "min_tokens 5 exceeds max_tokens 4"),
+                                        ({"min_tokens": 65}, "(the server's default: send max_tokens)")])
+def test_min_tokens_above_max_tokens(body, words):
+    p, _ = parse_chat(dict({"model": "llm", "messages": MSG}, **body))
+    with pytest.raises(ApiError, match=words.replace("(", r"\(").replace(")", r"\)")) as e:
+        resolve_lengths(p, 64)
+    assert e.value.status == 400 and e.value.param == "min_tokens"
+    p, _, _ = parse_completion({"model": "llm", "prompt": "x", "min_tokens": 17})  # OpenAI's default 16
+    with pytest.raises(ApiError, match="min_tokens 17 exceeds max_tokens 16"):
+        resolve_lengths(p, None)
+
+
+def test_model_errors_name_the_openai_field():
+    p, _ = parse_chat({"model": "llm", "messages": MSG, "max_completion_tokens": 300})
+    assert model_error("max_tokens 300 exceeds this server's limit of 256", p).param == "max_completion_tokens"
+    assert model_error("top_p must be in (0, 1], got 0.0", p).param == "top_p"
+    assert model_error("prompt has 600 tokens; the context window is 512 (prompt + output must fit)", p).param == "messages"
+    assert model_error("min_length (min_tokens) 5 exceeds max_tokens 4", p).param == "min_tokens"
+    p, _, _ = parse_completion({"model": "llm", "prompt": "x", "max_tokens": 300})
+    assert model_error("text_input has 40000 characters; it cannot fit", p).param == "prompt"
+    assert model_error("server overloaded: 8 requests are waiting; retry later", p).param is None
 
 
 def test_penalties_are_passed_on():

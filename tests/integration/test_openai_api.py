@@ -32,6 +32,78 @@ def chat_reference(server):
 
 def test_models(client):
     assert [m.id for m in client.models.list().data] == ["llm"]
+    model = client.models.retrieve("llm")
+    assert (model.id, model.object, model.owned_by) == ("llm", "model", "specserve")
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("gpt-4")
+    err = e.value.response.json()["error"]
+    assert (err["param"], err["code"], err["type"]) == ("model", "model_not_found", "invalid_request_error")
+
+
+def request(server, method, path, body=None):
+    """-> (status, JSON body) of any request to the HTTP port, errors included."""
+    req = urllib.request.Request(f"http://{server.http}{path}", method=method,
+                                 data=None if body is None else json.dumps(body).encode())
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.parametrize("method,path,status,code", [
+    ("POST", "/v1/embeddings", 404, "unknown_url"), ("GET", "/v1", 404, "unknown_url"),
+    ("GET", "/v1/chat/completions/x", 404, "unknown_url"), ("POST", "/v1/models", 405, "method_not_allowed"),
+    ("GET", "/v1/chat/completions", 405, "method_not_allowed"), ("DELETE", "/v1/models/llm", 405, "method_not_allowed"),
+])
+def test_unknown_routes_answer_openai_errors(server, method, path, status, code):
+    got, body = request(server, method, path, {} if method == "POST" else None)
+    assert got == status and set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["code"] == code and body["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a\ud800"}]}, "messages[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stop": ["\udfff"]}, "stop[0]"),
+    ("/v1/completions", {"prompt": "\ud83d"}, "prompt"),
+])
+def test_a_lone_surrogate_is_a_400_naming_the_field(server, path, body, param):
+    """JSON allows "\\ud800"; UTF-8 cannot carry it to the engine (once a 503 "overloaded" with Retry-After).
+    The SDK refuses to send one, so the body is sent as bytes."""
+    got, answer = request(server, "POST", path, dict(body, model="llm", max_tokens=4))
+    assert got == 400 and answer["error"]["param"] == param and "lone surrogate" in answer["error"]["message"]
+
+
+def test_min_tokens_and_ignore_eos(client):
+    """A raw question under greedy decoding ends at once on this instruct model (0 tokens): vLLM's
+    min_tokens and ignore_eos (the engine's min_length) make it generate."""
+    kw = dict(model="llm", prompt="Write a haiku about the sea.", max_tokens=12, temperature=0)
+    assert client.completions.create(**kw).usage.completion_tokens == 0
+    r = client.completions.create(**kw, extra_body={"min_tokens": 5})
+    assert r.usage.completion_tokens >= 5 and r.choices[0].text.strip()
+    r = client.completions.create(**kw, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 12 and r.choices[0].finish_reason == "length"
+    chat = client.chat.completions.create(model="llm", messages=[{"role": "user", "content": "Say hi."}],
+                                          temperature=0, max_tokens=40, extra_body={"ignore_eos": True})
+    assert chat.usage.completion_tokens == 40
+
+
+def test_refusals_are_counted_where_they_happen(client, server):
+    """An OpenAI-layer 400 (refused before Triton) counts in specserve_edge_requests_refused_total;
+    the model's own 400 in specserve_requests_rejected_total, not twice."""
+    edge = 'specserve_edge_requests_refused_total{api="openai",reason="invalid_request",status="400"}'
+    model = 'specserve_requests_rejected_total{reason="invalid"}'
+    before = server.metrics()
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="llm", messages=[{"role": "user", "content": "hi"}], n=9)
+    server.wait_metric(edge, lambda v: v == before.get(edge, 0) + 1)
+    with pytest.raises(openai.BadRequestError):  # above max_tokens_limit: the model refuses it
+        client.chat.completions.create(model="llm", messages=[{"role": "user", "content": "hi"}], max_tokens=100000)
+    server.wait_metric(model, lambda v: v == before.get(model, 0) + 1)
+    assert server.metrics()[edge] == before.get(edge, 0) + 1
+    triton = 'specserve_edge_requests_refused_total{api="triton",reason="invalid_request",status="400"}'
+    assert request(server, "POST", "/v2/models/llm/generate", {"text_input": "hi", "max_tokens": "x"})[0] == 400
+    server.wait_metric(triton, lambda v: v == before.get(triton, 0) + 1)
 
 
 def test_chat_completion_is_the_engine_with_its_chat_template(client, chat_reference):
@@ -112,7 +184,10 @@ def test_seed_and_n(client):
     (dict(logprobs=True, top_logprobs=21), 400, "top_logprobs", "top_logprobs must be between 0 and 20"),
     (dict(frequency_penalty=2.5), 400, "frequency_penalty", "frequency_penalty must be between"),
     (dict(temperature=3), 400, "temperature", "temperature must be between 0"),
-    (dict(max_tokens=100000), 400, None, "max_tokens 100000 exceeds"),
+    (dict(max_tokens=100000), 400, "max_tokens", "max_tokens 100000 exceeds"),  # the model's, naming the field
+    (dict(top_p=1e-300), 400, "top_p", "top_p must be in (0, 1]"),  # 0 in FP32: the model's
+    (dict(messages=[{"role": "user", "content": "hi", "name": 5}]), 400, "messages[0].name", "must be a string"),
+    (dict(extra_body={"min_tokens": 5}), 400, "min_tokens", "min_tokens 5 exceeds max_tokens 4"),
     (dict(model="gpt-4"), 404, "model", "The model 'gpt-4' does not exist"),
     (dict(messages=[{"role": "wizard", "content": "hi"}]), 400, "messages[0]", "role"),
 ])
@@ -199,7 +274,8 @@ def test_genai_perf_openai_endpoints(server, tmp_path, checkpoint, endpoint, loa
     out = subprocess.run(
         [str(tool), "profile", "-m", "llm", "--endpoint-type", endpoint, "-u", server.http, "--streaming",
          "--tokenizer", str(checkpoint), "--concurrency", "2", "--request-count", "4",
-         "--synthetic-input-tokens-mean", "32", "--output-tokens-mean", "12", "--artifact-dir", str(tmp_path / "a")],
+         "--synthetic-input-tokens-mean", "32", "--output-tokens-mean", "12", "--artifact-dir", str(tmp_path / "a"),
+         "--extra-inputs", "ignore_eos:true"],  # genai-perf's fixed output length (vLLM's field)
         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=dict(os.environ, COLUMNS="200"))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "Output Token Throughput" in out.stdout and "Time To First Token" in out.stdout

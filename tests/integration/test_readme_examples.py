@@ -1,0 +1,78 @@
+"""Every client example of the README, run as written against the live server (only the ports
+changed: the test server's are free ones), prints generated text: the curl commands (the code
+blocks' and those quoted in its text) and the Python snippets (Triton's gRPC and HTTP clients,
+the OpenAI SDK). A raw prompt under greedy decoding may end at once on this instruct model and
+print nothing; these tests catch an example that does."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+BLOCKS = re.findall(r"```(\w+)\n(.*?)```", README, re.S)
+
+
+def curl_commands() -> list:
+    """Each `curl` command of the README: in a bash block (across lines, up to where its quotes
+    close and no backslash continues it), or quoted inline in the text."""
+    commands = []
+    for lang, body in BLOCKS:
+        if lang != "bash":
+            continue
+        lines, current = body.splitlines(), None
+        for line in lines:
+            if current is None and line.lstrip().startswith("curl "):
+                current = line
+            elif current is not None:
+                current += "\n" + line
+            if current is not None and current.count("'") % 2 == 0 and not current.endswith("\\"):
+                commands.append(current)
+                current = None
+    inline = re.findall(r"`(curl [^`]+)`", re.sub(r"```.*?```", "", README, flags=re.S))
+    return commands + inline
+
+
+PYTHON = [body for lang, body in BLOCKS if lang == "python"]
+CURLS = curl_commands()
+
+
+def test_the_readme_has_the_examples_these_tests_run():
+    assert len(CURLS) >= 4 and len(PYTHON) >= 3
+    assert any("/v1" in p for p in PYTHON) and any("grpcclient" in p for p in PYTHON)
+
+
+def on_server(text: str, server) -> str:
+    return text.replace("127.0.0.1:8000", server.http).replace("127.0.0.1:8001", server.grpc)
+
+
+def generated_tokens(output: str) -> int:
+    """num_output_tokens of a /generate answer, of the last event of a stream, or of /infer."""
+    events = [json.loads(line[5:]) for line in output.splitlines() if line.startswith("data:")]
+    answer = events[-1] if events else json.loads(output)
+    if "outputs" in answer:  # /infer
+        return next(o["data"][0] for o in answer["outputs"] if o["name"] == "num_output_tokens")
+    assert "error" not in answer, answer
+    return answer["num_output_tokens"]
+
+
+@pytest.mark.parametrize("command", CURLS, ids=lambda c: c.split("\n")[0][:70])
+def test_curl_example_generates_text(server, command):
+    out = subprocess.run(["bash", "-c", on_server(command, server)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert generated_tokens(out.stdout) > 0, out.stdout
+
+
+@pytest.mark.parametrize("code", PYTHON, ids=lambda c: re.search(r"^(?:import|from) (\S+)", c, re.M)[1])
+def test_python_example_prints_generated_text(server, code):
+    out = subprocess.run([sys.executable, "-c", on_server(code, server)], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    printed = re.sub(r"CompletionUsage\(.*\)", "", out.stdout)  # the OpenAI example prints the usage too
+    for prompt in re.findall(r'"([^"]{12,})"', code):  # non-streaming Triton output echoes the prompt
+        printed = printed.replace(prompt, "")
+    assert re.search(r"\w", printed), out.stdout
+    assert "completion_tokens=0" not in out.stdout
