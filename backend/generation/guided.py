@@ -142,7 +142,7 @@ class GuideState:
     def sync(self, tokens: Sequence[int]) -> None:
         """Consume the output tokens committed since the last call (tokens: prompt + output)."""
         new = list(tokens[self.prompt_len + self.consumed:])
-        if new:
+        if new and not self.matcher.is_stopped():  # past the grammar's end only end tokens come (end_id -1)
             if not self.matcher.consume_tokens(new):  # only masked sampling commits tokens: a bug if hit
                 log.error("grammar refused committed tokens %s: %s", new, self.matcher.get_error())
             self.consumed += len(new)
@@ -195,9 +195,10 @@ class GuideState:
         if 0 <= self.grammar_eos < self.vocab and mask[self.grammar_eos]:
             mask[self.grammar_eos] = False
             mask[self.eos_ids] = True
-        if not mask.any():  # a matcher in error: end the sequence rather than sample from nothing
-            log.error("grammar allows no token (%s); ending the sequence", self.matcher.get_error())
-            mask[self.eos_ids] = True
+        if not mask.any():  # a matcher in error, or a grammar that ended where no end token may be
+            if self.matcher.is_error():  # (end_id -1): end with what ends, never sample from nothing
+                log.error("grammar allows no token (%s); ending the sequence", self.matcher.get_error())
+            mask[self.eos_ids or [self.grammar_eos]] = True
         return mask
 
 

@@ -88,6 +88,16 @@ def test_the_grammars_end_allows_the_requests_own_end_tokens(compiler, tokenizer
     assert row.nonzero().flatten().tolist() == [7]
 
 
+def test_a_grammar_that_ended_without_end_tokens_still_allows_a_token(compiler, tokenizer):
+    """end_id -1 (no end token): past the grammar's end the model may only repeat the grammar's own
+    end token, until max_tokens, never sample from an empty row."""
+    state = compiler.compile(Guide("regex", "yes"), 0, frozenset())
+    yes = tokenizer("yes", add_special_tokens=False).input_ids
+    eos = compiler.ll_tokenizer.eos_token
+    assert state.allowed(yes, (), 1)[0].nonzero().flatten().tolist() == [eos]
+    assert state.allowed(yes + [eos, eos], (), 1)[0].nonzero().flatten().tolist() == [eos]
+
+
 def test_min_length_gives_way_when_the_grammar_must_end(compiler, tokenizer):
     state = compiler.compile(Guide("ebnf_grammar", 'root ::= "yes" | "no"'), 0, frozenset({2}))
     penalties = LogitsProcessor(Penalties(min_length=5), [], [2])
