@@ -98,9 +98,11 @@ def ramp(streams: int) -> float:
     return min(30.0, 2.0 + 0.5 * streams)
 
 
-def run_level(server: str, start, workload: str, specs, streams: int, args) -> tuple:
-    """One fresh server, one warm-up request, one closed-loop level: (row, its requests as dicts,
-    times from the window's start)."""
+def serve_level(server: str, start, specs, streams: int, ramp_s: float, seconds: float, max_tokens: int,
+                extra=None) -> tuple:
+    """One fresh server, one warm-up request, one closed-loop level: (its requests, the measured
+    window w0, w1, seconds the server took to start, the feed). `extra`: peer_load's per-request
+    body fields."""
     t = time.perf_counter()
     with start() as url:
         started = time.perf_counter() - t
@@ -108,8 +110,14 @@ def run_level(server: str, start, workload: str, specs, streams: int, args) -> t
         if not w.ok:
             raise RuntimeError(f"{server}: warm-up request failed: {w.error}")
         feed = Feed(specs)
-        ramp_s = args.ramp_s if args.ramp_s is not None else ramp(streams)
-        requests, w0, w1 = closed_loop(url, feed, streams, ramp_s, args.seconds, args.max_tokens)
+        requests, w0, w1 = closed_loop(url, feed, streams, ramp_s, seconds, max_tokens, extra)
+    return requests, w0, w1, started, feed
+
+
+def run_level(server: str, start, workload: str, specs, streams: int, args) -> tuple:
+    """serve_level, summarised: (row, its requests as dicts, times from the window's start)."""
+    ramp_s = args.ramp_s if args.ramp_s is not None else ramp(streams)
+    requests, w0, w1, started, feed = serve_level(server, start, specs, streams, ramp_s, args.seconds, args.max_tokens)
     row = {"server": server, "workload": workload, "streams": streams, "start_s": started,
            "sessions": feed.i, "repeats": feed.repeats, **summarise(requests, w0, w1)}
     log(f"  {server:12s} {workload:9s} {streams:3d} streams: {row['tok_s']:7.1f} tok/s  TTFT p50 "

@@ -24,13 +24,10 @@ import json
 import math
 import os
 import random
-import time
 from pathlib import Path
 
-from bench_peer import CHECKPOINT, RESULTS, log, our_server, peer_server  # bench/ (the script's own folder)
-from peer_load import closed_loop, warm_up
+from bench_peer import CHECKPOINT, RESULTS, log, our_server, peer_server, ramp, serve_level  # bench/ (its own folder)
 from peer_stats import identity, summarise
-from peer_workloads import Feed
 
 SCHEMAS = {
     "person": {"type": "object", "properties": {
@@ -95,15 +92,8 @@ def valid(key: str, text: str) -> bool:
 
 
 def run_level(name: str, start, specs, streams: int, args) -> tuple:
-    t = time.perf_counter()
-    with start() as url:
-        started = time.perf_counter() - t
-        w = warm_up(url)
-        if not w.ok:
-            raise RuntimeError(f"{name}: warm-up request failed: {w.error}")
-        feed = Feed(specs)
-        requests, w0, w1 = closed_loop(url, feed, streams, min(30.0, 2.0 + 0.5 * streams), args.seconds,
-                                       args.max_tokens, extra=response_format)
+    requests, w0, w1, started, _ = serve_level(name, start, specs, streams, ramp(streams), args.seconds,
+                                               args.max_tokens, extra=response_format)
     done = [r for r in requests if r.ok]
     finished = [r for r in done if r.tokens < args.max_tokens]
     row = {"server": name, "streams": streams, "start_s": started, **summarise(requests, w0, w1),

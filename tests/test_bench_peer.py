@@ -140,7 +140,7 @@ def test_a_level_starts_a_server_warms_it_up_and_records_its_requests(monkeypatc
         started.append(True)
         yield "http://127.0.0.1:1"
 
-    def closed_loop(url, feed, streams, ramp_s, seconds, max_tokens):
+    def closed_loop(url, feed, streams, ramp_s, seconds, max_tokens, extra=None):
         assert (streams, ramp_s, seconds, max_tokens) == (4, 4.0, 20, 64)
         keys = [feed.next().key for _ in range(3)]
         return [Request(keys[0], 100.0, 100.5, 101.5, 3, "a"), Request(keys[1], 101.0, None, None, 0, error="e"),
