@@ -52,3 +52,6 @@ REQUEST_ID_HEADER = "specserve-request-id"
 REQUEST_ID_NAMES = (REQUEST_ID, REQUEST_ID_HEADER)  # either spelling, compared lower-cased
 # The header that opens Triton's restricted APIs over HTTP (checked by the edge; backend/frontend/launcher.py).
 ADMIN_HEADER = "specserve-admin-key"
+# The header with the per-start key that opens every other HTTP API of Triton: the edge adds it to
+# each request it forwards, so a local client that reaches Triton's private port directly gets 403.
+INTERNAL_HEADER = "specserve-internal-key"

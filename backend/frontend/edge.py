@@ -1,17 +1,23 @@
 """The HTTP edge: the one HTTP port clients reach; Triton's own HTTP listens behind it on a
-private loopback port (started by backend/frontend/launcher.py).
+private loopback port (started by backend/frontend/launcher.py), every API of it closed to requests
+without the per-start key the edge adds (INTERNAL_HEADER).
 
 Triton 2.51's HTTP front end has no request-size or nesting limit, and dies (SIGSEGV) on some
 bodies of about 4 MiB and on JSON nested 40,000 deep (issue 20), and it answers 500 for
 client mistakes it finds while parsing (malformed JSON, wrong JSON types). So before anything
 reaches Triton the edge
 
-- refuses a body over `max_body_bytes` (413) and JSON nested deeper than `max_depth` (400);
-- on the generate endpoints, refuses what Triton would answer 500 for or silently wrap
-  (a body that is not a JSON object, a field of the wrong JSON type, an integer outside its
-  tensor type such as max_tokens 2^32+8, which INT32 would wrap to 8) with 400 naming the field,
-  and a field that is no input of the model (Triton would pass it on as a parameter the model
-  never reads), as Triton itself refuses an unknown input on /infer and gRPC;
+- refuses a body over `max_body_bytes` (413), JSON nested deeper than `max_depth` or holding a
+  lone UTF-16 surrogate (400), and a client slower than `read_timeout_s` to send its headers
+  (the connection is closed) or its body (408);
+- on the generate endpoints and /infer, refuses what Triton would answer 500 for or silently
+  wrap (a body that is not a JSON object, `inputs` that is no array, a negative or fractional
+  shape, a value of the wrong JSON type, an integer outside its tensor type such as max_tokens
+  2^32+8, which INT32 would wrap to 8) with 400 naming the field, a generate field that is no
+  input of the model (Triton would pass it on as a parameter the model never reads), as Triton
+  itself refuses an unknown input on /infer and gRPC, and `stream: true` on /generate (Triton
+  answers 200 with an error body: streaming is /generate_stream's);
+- answers HEAD with what GET would, without the body (Triton 2.51 drops HEAD connections);
 - sends /infer on the decoupled models (llm, ensemble, tensorrt_llm_bls), which Triton refuses
   with 501, to the unary model llm_unary (model_repository/llm_unary) on the same engine;
 - gives the model's own errors their status: Triton 2.51 answers 400 for every error a
@@ -40,12 +46,14 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
 from .http_body import EdgeError, parse_json, read_body
 from .metrics import EdgeRefusals
-from ..wire import ADMIN_HEADER, REQUEST_ID, REQUEST_ID_HEADER, REQUEST_ID_NAMES, ErrorKind, error_kind
+from ..wire import (ADMIN_HEADER, INTERNAL_HEADER, REQUEST_ID, REQUEST_ID_HEADER, REQUEST_ID_NAMES, ErrorKind,
+                    error_kind)
 
 log = logging.getLogger("specserve.edge")
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: a full 2,048-token prompt is ~10 KB
 MAX_DEPTH = 32  # the generate interface needs 3 levels; tensors in /infer one per dimension
+READ_TIMEOUT_S = 30.0  # a client's time to send its headers, and again its body (1 MiB: 35 KB/s)
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
               "transfer-encoding", "upgrade", "content-length", "host", "expect"}
 GENERATE = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?/generate(?:_stream)?$")
@@ -63,6 +71,8 @@ INFER_HEADER = "Inference-Header-Content-Length"
 _INT_RANGES = {f"TYPE_INT{b}": (-(1 << (b - 1)), (1 << (b - 1)) - 1) for b in (8, 16, 32, 64)}
 _INT_RANGES.update({f"TYPE_UINT{b}": (0, (1 << b) - 1) for b in (8, 16, 32, 64)})
 _FLOAT_MAX = {"TYPE_FP16": 65504.0, "TYPE_FP32": 3.4028234663852886e38, "TYPE_FP64": math.inf}
+# /infer's datatypes (the KServe protocol's names) as model-config types
+_INFER_TYPES = {"BOOL": "TYPE_BOOL", "BYTES": "TYPE_STRING", **{t[5:]: t for t in (*_INT_RANGES, *_FLOAT_MAX)}}
 
 
 def _type_name(v) -> str:
@@ -124,12 +134,40 @@ def unknown_input_message(name: str, input_types: dict) -> str:
             f"{', '.join(sorted(input_types))})")
 
 
-def _check_infer(body) -> None:
-    """The request id parameter is the edge's own (REQUEST_ID_HEADER): a client's would reach the
-    unary model next to it."""
-    params = body.get("parameters") if isinstance(body, dict) else None
+def check_infer(body) -> None:
+    """An /infer body (or the JSON header of a binary one): EdgeError(400) naming the field for what
+    Triton 2.51 answers 500 for (inputs not an array, a shape not of non-negative integers, data of
+    the wrong JSON type) or wraps silently (an integer outside its datatype). The request id
+    parameter is the edge's own (REQUEST_ID_HEADER): a client's would reach the unary model next to it."""
+    if not isinstance(body, dict):
+        raise EdgeError(400, f"the request body must be a JSON object, got {_type_name(body)}")
+    params = body.get("parameters")
     if isinstance(params, dict) and any(k.lower() in REQUEST_ID_NAMES for k in params):
         raise EdgeError(400, f"parameters.{REQUEST_ID_HEADER} is reserved: the server sets it")
+    for key in ("inputs", "outputs"):
+        if key in body and not isinstance(body[key], list) or key == "inputs" and key not in body:
+            raise EdgeError(400, f"{key} must be an array of tensor objects, got {_type_name(body.get(key))}")
+    for i, tensor in enumerate(body["inputs"]):
+        if not isinstance(tensor, dict):
+            raise EdgeError(400, f"inputs[{i}] must be a tensor object, got {_type_name(tensor)}")
+        name = tensor.get("name")
+        if not isinstance(name, str):
+            raise EdgeError(400, f"inputs[{i}].name must be a string, got {_type_name(name)}")
+        shape = tensor.get("shape")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                  for d in shape):
+            raise EdgeError(400, f"input '{name}': shape must be an array of non-negative integers, got "
+                                 f"{json.dumps(shape)[:80]}")
+        datatype = tensor.get("datatype")
+        if not isinstance(datatype, str):
+            raise EdgeError(400, f"input '{name}': datatype must be a string, got {_type_name(datatype)}")
+        if "data" in tensor and datatype in _INFER_TYPES:  # an unknown datatype: Triton names it
+            check_field(name, tensor["data"], _INFER_TYPES[datatype])
+
+
+def streams(value) -> bool:
+    """Whether a generate body's `stream` field asks for a stream (true, or [true])."""
+    return value is True or isinstance(value, list) and True in value
 
 
 def status_for_model_error(status: int, message: str) -> int:
@@ -176,7 +214,8 @@ class Edge:
     def __init__(self, upstream: str, max_body_bytes: int = MAX_BODY_BYTES, max_depth: int = MAX_DEPTH,
                  grpc_upstream: Optional[str] = None, draining: Optional[asyncio.Event] = None,
                  admin_key: Optional[str] = None, upstream_admin_key: Optional[str] = None,
-                 cancel_dir: Optional[str] = None, refusals_file: Optional[str] = None):
+                 internal_key: Optional[str] = None, cancel_dir: Optional[str] = None,
+                 refusals_file: Optional[str] = None, read_timeout_s: float = READ_TIMEOUT_S):
         self.upstream = upstream.rstrip("/")  # e.g. http://127.0.0.1:18000
         # what is refused here never reaches Triton's or the model's counters (backend/frontend/metrics.py)
         self.refusals = EdgeRefusals(refusals_file)
@@ -186,6 +225,9 @@ class Edge:
         # (behind, on loopback) gets upstream_admin_key instead, so the admin key never appears on
         # any command line (backend/frontend/launcher.py).
         self.admin_key, self.upstream_admin_key = admin_key, upstream_admin_key
+        # added to every request forwarded: Triton's other APIs are closed without it
+        self.internal = {INTERNAL_HEADER: internal_key} if internal_key else {}
+        self.read_timeout_s = read_timeout_s
         self.grpc_upstream = grpc_upstream  # Triton's gRPC, e.g. 127.0.0.1:8001: serves the OpenAI API
         self.max_body_bytes, self.max_depth = max_body_bytes, max_depth
         self.marks = CancelMarks(cancel_dir) if cancel_dir else None  # None: requests are not tagged
@@ -213,12 +255,20 @@ class Edge:
                               request.path.endswith("/generate_stream"))
 
     def _upstream_headers(self, request: web.Request) -> dict:
+        """The client's headers as Triton gets them: EdgeError(400) naming a header whose value is
+        not UTF-8 (aiohttp keeps its bytes as surrogates, which no request can carry on)."""
+        for k, v in request.headers.items():
+            try:
+                v.encode()
+            except UnicodeEncodeError:
+                raise EdgeError(400, f"the value of header {k} is not valid UTF-8") from None
         headers = {k: v for k, v in request.headers.items()
-                   if k.lower() not in HOP_BY_HOP and k.lower() not in (ADMIN_HEADER, REQUEST_ID_HEADER)}
+                   if k.lower() not in HOP_BY_HOP and k.lower() not in (ADMIN_HEADER, REQUEST_ID_HEADER, INTERNAL_HEADER)}
         key = request.headers.get(ADMIN_HEADER)
         if key is not None and self.admin_key and self.upstream_admin_key and \
                 hmac.compare_digest(key.encode(), self.admin_key.encode()):
             headers[ADMIN_HEADER] = self.upstream_admin_key
+        headers.update(self.internal)
         return headers
 
     async def _open(self, app) -> None:
@@ -233,13 +283,13 @@ class Edge:
 
     async def read_json(self, request: web.Request):
         """The request's body as JSON within this edge's size and depth limits (EdgeError if not)."""
-        return parse_json(await read_body(request, self.max_body_bytes), self.max_depth)
+        return parse_json(await read_body(request, self.max_body_bytes, self.read_timeout_s), self.max_depth)
 
     async def model_config(self, model: str) -> dict:
         """Triton's config of `model` ({} if unknown or unreachable; cached once fetched)."""
         if model not in self._configs:
             try:
-                async with self.session.get(f"{self.upstream}/v2/models/{model}/config") as r:
+                async with self.session.get(f"{self.upstream}/v2/models/{model}/config", headers=self.internal) as r:
                     if r.status != 200:
                         return {}  # unknown model: Triton says so
                     self._configs[model] = await r.json()
@@ -272,17 +322,20 @@ class Edge:
                 raise EdgeError(400, f"{INFER_HEADER} must be an integer") from None
             if not 0 <= n <= len(body):
                 raise EdgeError(400, f"{INFER_HEADER} {n} does not fit the {len(body)}-byte body")
-            _check_infer(parse_json(body[:n], self.max_depth))
+            check_infer(parse_json(body[:n], self.max_depth))
             return None
         m = GENERATE.match(request.path)
         if m:
             parsed = parse_json(body, self.max_depth)
             check_generate(parsed, await self._model_inputs(m["model"]))
+            if not request.path.endswith("_stream") and streams(parsed.get("stream")):
+                raise EdgeError(400, "stream: true asks for one response per step, which /generate cannot send: "
+                                     "use /generate_stream (server-sent events), or send stream false")
             return parsed
-        if body:
-            parsed = parse_json(body, self.max_depth)
-            if INFER.match(request.path):
-                _check_infer(parsed)
+        if INFER.match(request.path):
+            check_infer(parse_json(body, self.max_depth))
+        elif body:
+            parse_json(body, self.max_depth)
         return None
 
     def _tag(self, generate, body: bytes, path: str, headers: dict) -> tuple:
@@ -311,12 +364,17 @@ class Edge:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         stream = request.path.endswith("/generate_stream")
         try:
-            body = await read_body(request, self.max_body_bytes)
+            body = await read_body(request, self.max_body_bytes, self.read_timeout_s)
             generate = await self._check(request, body)
+            headers = self._upstream_headers(request)
         except EdgeError as e:
             self.refusals.count("triton", e.status)
-            return error_response(e.status, e.message, stream)
-        headers = self._upstream_headers(request)
+            resp = error_response(e.status, e.message, stream)
+            if e.status == 408 and request.transport is not None:  # closed, not left to wait for the body
+                await resp.prepare(request)
+                await resp.write_eof()
+                request.transport.close()
+            return resp
         path = await self._route(request)
         rid, body = self._tag(generate, body, path, headers)
         try:
@@ -328,7 +386,9 @@ class Edge:
     async def _forward(self, request: web.Request, url: str, body: bytes, headers: dict, stream: bool,
                        rid: Optional[str]) -> web.StreamResponse:
         try:
-            async with self.session.request(request.method, url, data=body or None, headers=headers) as up:
+            # HEAD: Triton 2.51 drops the connection; GET's answer, whose body aiohttp leaves out
+            method = "GET" if request.method == "HEAD" else request.method
+            async with self.session.request(method, url, data=body or None, headers=headers) as up:
                 out_headers = {k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP}
                 if up.status >= 400 or not stream:
                     data = await up.read()
@@ -376,8 +436,10 @@ async def serve(host: str, port: int, upstream: str, stop: asyncio.Event, shutdo
     """Serve the edge until `stop` is set; then stop accepting, let in-flight requests finish
     for up to `shutdown_timeout` seconds, and close."""
     edge = Edge(upstream, **limits)
+    # keepalive_timeout also bounds the wait for a request's headers (aiohttp closes a connection
+    # whose request is not complete by then): a slow-loris client is dropped after it
     runner = web.AppRunner(edge.app(), access_log=None, handler_cancellation=True,
-                           shutdown_timeout=shutdown_timeout)
+                           shutdown_timeout=shutdown_timeout, keepalive_timeout=edge.read_timeout_s)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()

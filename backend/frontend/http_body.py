@@ -1,8 +1,10 @@
-"""HTTP request bodies as the edge and the OpenAI layer read them: a size limit, JSON with a
-depth limit, and the error (status, message) a refused body gets."""
+"""HTTP request bodies as the edge and the OpenAI layer read them: a size limit, a time limit,
+JSON with a depth limit and valid Unicode, and the error (status, message) a refused body gets."""
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 
 from aiohttp import web
 
@@ -27,8 +29,38 @@ def json_depth(value) -> int:
     return depth
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # \ud800-\udfff: only half of a pair is valid
+
+
+def lone_surrogate(value, path: str = "") -> str | None:
+    """Where a parsed JSON value holds a lone UTF-16 surrogate ("\\ud800" unpaired: Python parses
+    it, but it is not Unicode, and no UTF-8 encoder takes it), as a path such as
+    `inputs[0].data[0]`; None if nowhere.
+
+    >>> lone_surrogate({"text_input": "hi", "stop_words": ["ok", "\\ud800"]})
+    'stop_words[1]'
+    >>> lone_surrogate(json.loads(r'"\\ud83d\\ude00"')) is None  # a pair in JSON: one character
+    True
+    """
+    stack = [(value, path)]
+    while stack:
+        v, where = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode()
+            except UnicodeEncodeError:
+                return where or "the request body"
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                stack.extend([(k, f"{where} (a field name)".strip()), (x, f"{where}.{k}" if where else k)])
+        elif isinstance(v, list):
+            stack.extend((x, f"{where}[{i}]") for i, x in enumerate(v))
+    return None
+
+
 def parse_json(raw: bytes, max_depth: int):
-    """The body as JSON, or EdgeError(400) saying why not (empty, malformed, too deep)."""
+    """The body as JSON, or EdgeError(400) saying why not (empty, malformed, too deep, a string
+    that is not Unicode)."""
     if not raw.strip():
         raise EdgeError(400, "the request body is empty; send a JSON object")
     try:
@@ -39,18 +71,27 @@ def parse_json(raw: bytes, max_depth: int):
         raise EdgeError(400, f"the request body is not valid JSON: {e}") from None
     if json_depth(value) > max_depth:
         raise EdgeError(400, f"the request JSON nests deeper than {max_depth} levels")
+    where = lone_surrogate(value) if _SURROGATE_ESCAPE.search(raw) else None
+    if where is not None:
+        raise EdgeError(400, f"{where} is not valid Unicode: it holds a lone UTF-16 surrogate (such as \\ud800 "
+                             "without the \\udc00-\\udfff that must follow it)")
     return value
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The raw body, at most `limit` bytes (EdgeError(413) beyond, read no further)."""
+async def read_body(request: web.Request, limit: int, timeout_s: float | None = None) -> bytes:
+    """The raw body, at most `limit` bytes (EdgeError(413) beyond, read no further), within
+    `timeout_s` seconds (EdgeError(408) after: a client that stalls holds no connection forever)."""
     if request.content_length is not None and request.content_length > limit:
         raise EdgeError(413, f"the request body is {request.content_length} bytes; this server accepts "
                              f"at most {limit}")
     chunks, size = [], 0
-    async for chunk in request.content.iter_chunked(1 << 16):
-        size += len(chunk)
-        if size > limit:
-            raise EdgeError(413, f"the request body exceeds {limit} bytes, the most this server accepts")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.content.iter_chunked(1 << 16):
+                size += len(chunk)
+                if size > limit:
+                    raise EdgeError(413, f"the request body exceeds {limit} bytes, the most this server accepts")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise EdgeError(408, f"the request body did not arrive within {timeout_s:g} s") from None
     return b"".join(chunks)

@@ -9,7 +9,11 @@ HTTP on a private loopback port. gRPC and metrics are Triton's. Model control, t
 repository index, shared-memory registration, logging and trace settings are restricted
 over HTTP to requests carrying the header `specserve-admin-key: $SPECSERVE_ADMIN_KEY` (checked
 by the edge, which passes Triton a per-start internal key instead; unset: nobody) and closed on
-gRPC, so the admin key is on no command line. The edge marks requests whose HTTP client left in
+gRPC, so the admin key is on no command line. Every other HTTP API of Triton needs a second
+per-start key (`specserve-internal-key`), which the edge adds to what it forwards: a local client
+that finds Triton's private port gets 403. Neither key nor that port is on Triton's command line
+(readable by every local user in /proc): they reach it in the environment, through a small
+preloaded library (argv_env.c). The edge marks requests whose HTTP client left in
 SPECSERVE_CANCEL_DIR (a directory of this process's, removed at exit), which the model polls.
 
 Lifecycle. On SIGTERM / SIGINT shutdown begins: the edge answers 503 to every new request
@@ -18,8 +22,10 @@ it reads the drain file this process writes, SPECSERVE_DRAIN_FILE), in-flight re
 SPECSERVE_DRAIN_SECONDS (10) to finish and are then failed with a final error, and only then is
 Triton stopped (its exit timeout, 10 s); the process exits 0 and leaves no Python-backend stub
 or /dev/shm region. A second signal skips the drain. If Triton dies, it is restarted after 1, 2,
-4, ... 30 s (SPECSERVE_MAX_RESTARTS, 5, within 10 minutes; then this process exits 1), its stub
-and shared memory removed first. Leftovers of a crashed predecessor (a tritonserver on our
+4, ... 30 s (the delay grows with the deaths of the last 10 minutes), its stub and shared memory
+removed first, for as long as it takes: meanwhile the edge answers 503 with Retry-After
+(SPECSERVE_MAX_RESTARTS = n > 0: exit 1 after n restarts within 10 minutes instead, for an
+orchestrator that restarts the container). Leftovers of a crashed predecessor (a tritonserver on our
 ports whose launcher is gone, stubs, /dev/shm regions) are cleaned at start.
 """
 from __future__ import annotations
@@ -41,7 +47,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..wire import ADMIN_HEADER, REQUEST_ID_HEADER
+from ..wire import ADMIN_HEADER, INTERNAL_HEADER, REQUEST_ID_HEADER
 
 ROOT = Path(__file__).resolve().parents[2]
 TRITON = ROOT / ".cache" / "triton"
@@ -63,7 +69,7 @@ EXIT_TIMEOUT_S = 10  # Triton's own (--exit-timeout-secs); it aborts when that e
 TRITON_STOP_S = 5  # after the drain, Triton's time to exit before it is killed (an open client gRPC
 # stream keeps Triton from unloading the model even with nothing in flight)
 DRAIN_S = float(os.environ.get("SPECSERVE_DRAIN_SECONDS") or 10)  # in-flight requests' time to finish
-MAX_RESTARTS = int(os.environ.get("SPECSERVE_MAX_RESTARTS") or 5)  # Triton restarts within RESTART_WINDOW_S
+MAX_RESTARTS = int(os.environ.get("SPECSERVE_MAX_RESTARTS") or 0)  # >0: give up after that many within the window
 RESTART_WINDOW_S = 600.0
 RESTART_BACKOFF_MAX_S = 30
 STUB = "triton_python_backend_stub"
@@ -76,26 +82,74 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_command(model_repository: Path, ports: Ports, log_verbose: int = 0, upstream_key: str | None = None,
-                   bind: str = "127.0.0.1") -> list:
+# Triton's other HTTP API groups: open to requests carrying the internal key (the edge's)
+INTERNAL = "health,metadata,inference,model-config,statistics"
+ARG_PREFIX = "SPECSERVE_ARG_"  # argv_env.c replaces @SPECSERVE_ARG_<NAME>@ in Triton's arguments
+
+
+def _arg(name: str) -> str:
+    return f"@{ARG_PREFIX}{name}@"
+
+
+def server_command(model_repository: Path, ports: Ports, log_verbose: int = 0, bind: str = "127.0.0.1") -> list:
     """Triton's command line. Its HTTP stays on loopback (the edge's upstream); gRPC and metrics
-    listen on `bind`. `upstream_key` opens the restricted HTTP APIs: a per-start internal key the
-    edge adds for a client that sent the admin key (never the admin key itself: this line is
-    readable in /proc by every local user)."""
+    listen on `bind`. This line is readable in /proc by every local user: the private HTTP port
+    and the keys of its HTTP APIs are placeholders filled in from the environment
+    (server_secrets, argv_env.c)."""
     binary = TRITON / "pytriton" / "tritonserver" / "bin" / "tritonserver"
     if not binary.exists():
         raise FileNotFoundError(f"{binary} missing: run scripts/setup.sh first")
-    key = upstream_key or secrets.token_urlsafe(24)
     return [str(binary), f"--model-repository={model_repository}", f"--backend-directory={TRITON / 'backends'}",
-            "--http-address=127.0.0.1", f"--http-port={ports.triton_http or ports.http}",
+            "--http-address=127.0.0.1", f"--http-port={_arg('HTTP_PORT')}",
             f"--grpc-address={bind}", f"--grpc-port={ports.grpc}",
             f"--metrics-address={bind}", f"--metrics-port={ports.metrics}",
-            f"--http-restricted-api={RESTRICTED}:{ADMIN_HEADER}={key}",
+            f"--http-restricted-api={RESTRICTED}:{ADMIN_HEADER}={_arg('ADMIN_KEY')}",
+            f"--http-restricted-api={INTERNAL}:{INTERNAL_HEADER}={_arg('INTERNAL_KEY')}",
             f"--grpc-restricted-protocol={RESTRICTED}:{ADMIN_HEADER}={UNSENDABLE_KEY}",
             # the edge's request id reaches the model as a request parameter (/infer only in Triton 2.51)
             f"--http-header-forward-pattern=^{REQUEST_ID_HEADER}$",
             "--allow-gpu-metrics=false", "--allow-cpu-metrics=true", f"--log-verbose={log_verbose}",
             f"--exit-timeout-secs={EXIT_TIMEOUT_S}"]
+
+
+@dataclass
+class UpstreamKeys:
+    """Per-start keys of Triton's HTTP APIs, both added by the edge: `admin` (restricted APIs) for a
+    client that sent SPECSERVE_ADMIN_KEY, `internal` (the others) to everything it forwards."""
+    admin: str
+    internal: str
+
+    @classmethod
+    def fresh(cls) -> "UpstreamKeys":
+        return cls(secrets.token_urlsafe(24), secrets.token_urlsafe(24))
+
+
+def server_secrets(ports: Ports, keys: UpstreamKeys) -> dict:
+    """The values of server_command's placeholders, as environment variables."""
+    return {f"{ARG_PREFIX}HTTP_PORT": str(ports.triton_http or ports.http), f"{ARG_PREFIX}ADMIN_KEY": keys.admin,
+            f"{ARG_PREFIX}INTERNAL_KEY": keys.internal}
+
+
+def argv_env_library(directory: Path) -> Path | None:
+    """argv_env.c built into `directory` (a C compiler is there wherever set-up built llama.cpp), or
+    None if it cannot be built."""
+    out = directory / "argv_env.so"
+    cc = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    try:
+        subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(out), str(Path(__file__).with_name("argv_env.c"))],
+                       check=True, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out
+
+
+def fill_placeholders(cmd: list, values: dict) -> list:
+    """What argv_env.c does, for when it cannot be built."""
+    for name, value in values.items():
+        cmd = [a.replace(f"@{name}@", value) for a in cmd]
+    return cmd
 
 
 def server_env(extra: dict | None = None) -> dict:
@@ -299,11 +353,13 @@ class Supervisor:
     backoff); on SIGTERM / SIGINT drains and stops both (module docstring)."""
 
     def __init__(self, cmd: list, ports: Ports, max_body_bytes: int, max_depth: int, admin_key: str | None = None,
-                 upstream_admin_key: str | None = None, bind: str = "127.0.0.1", drain_s: float = DRAIN_S,
-                 max_restarts: int = MAX_RESTARTS, restart_window_s: float = RESTART_WINDOW_S):
+                 bind: str = "127.0.0.1", drain_s: float = DRAIN_S, max_restarts: int = MAX_RESTARTS,
+                 restart_window_s: float = RESTART_WINDOW_S, read_timeout_s: float | None = None):
         self.cmd, self.ports, self.bind = cmd, ports, bind
         self.limits = dict(max_body_bytes=max_body_bytes, max_depth=max_depth)
-        self.admin_key, self.upstream_admin_key = admin_key, upstream_admin_key
+        if read_timeout_s:
+            self.limits["read_timeout_s"] = read_timeout_s
+        self.admin_key, self.keys = admin_key, UpstreamKeys.fresh()
         self.drain_s, self.max_restarts, self.restart_window_s = drain_s, max_restarts, restart_window_s
         self.workdir = Path(tempfile.mkdtemp(prefix="specserve-"))
         self.drain_file = self.workdir / "drain"
@@ -316,6 +372,14 @@ class Supervisor:
                                "SPECSERVE_CANCEL_DIR": str(self.cancel_dir),
                                "SPECSERVE_EDGE_REFUSALS": str(self.refusals_file)})
         self.env.pop("SPECSERVE_ADMIN_KEY", None)  # Triton needs none of it
+        values = server_secrets(ports, self.keys)
+        library = argv_env_library(self.workdir)
+        if library is None:
+            print("warning: no C compiler to build backend/frontend/argv_env.c: Triton's private HTTP port and "
+                  "its API keys are on its command line, readable by every local user", flush=True)
+            self.cmd = fill_placeholders(self.cmd, values)
+        else:
+            self.env.update(values, LD_PRELOAD=" ".join(filter(None, [str(library), self.env.get("LD_PRELOAD")])))
         self.proc: subprocess.Popen | None = None
         self.restarts: list = []  # monotonic times of restarts within the window
         self.regions: set = set()  # shared-memory regions of the running Triton's stubs
@@ -327,17 +391,22 @@ class Supervisor:
         return self.proc
 
     def _restart_delay(self) -> float | None:
-        """Seconds to wait before the next restart, or None when the budget is spent."""
+        """Seconds to wait before the next restart (1, 2, 4 ... 30 by the restarts within the
+        window), or None when max_restarts (> 0) are spent. A crash loop (say a local client
+        killing Triton again and again) thus slows down but never ends the service: the edge
+        answers 503 with Retry-After meanwhile."""
         now = time.monotonic()
         self.restarts = [t for t in self.restarts if now - t < self.restart_window_s]
-        if len(self.restarts) >= self.max_restarts:
+        if self.max_restarts > 0 and len(self.restarts) >= self.max_restarts:
             return None
         self.restarts.append(now)
         return float(min(RESTART_BACKOFF_MAX_S, 2 ** (len(self.restarts) - 1)))
 
     def _ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports.triton_http}/v2/health/ready", timeout=2) as r:
+            req = urllib.request.Request(f"http://127.0.0.1:{self.ports.triton_http}/v2/health/ready",
+                                         headers={INTERNAL_HEADER: self.keys.internal})
+            with urllib.request.urlopen(req, timeout=2) as r:
                 return r.status == 200
         except OSError:
             return False
@@ -405,8 +474,8 @@ class Supervisor:
         edge_task = asyncio.create_task(edge.serve(
             self.bind, self.ports.http, f"http://127.0.0.1:{self.ports.triton_http}", edge_stop,
             shutdown_timeout=EXIT_TIMEOUT_S + 2, grpc_upstream=f"127.0.0.1:{self.ports.grpc}", draining=draining,
-            admin_key=self.admin_key, upstream_admin_key=self.upstream_admin_key, cancel_dir=str(self.cancel_dir),
-            refusals_file=str(self.refusals_file),
+            admin_key=self.admin_key, upstream_admin_key=self.keys.admin, internal_key=self.keys.internal,
+            cancel_dir=str(self.cancel_dir), refusals_file=str(self.refusals_file),
             **self.limits))
         failed = False
         while True:
@@ -435,8 +504,8 @@ class Supervisor:
                       "giving up", flush=True)
                 failed = True
                 break
-            print(f"restarting tritonserver in {delay:.0f} s (restart {len(self.restarts)} of at most "
-                  f"{self.max_restarts} within {self.restart_window_s:.0f} s)", flush=True)
+            print(f"restarting tritonserver in {delay:.0f} s (restart {len(self.restarts)} within "
+                  f"{self.restart_window_s:.0f} s)", flush=True)
             try:
                 await asyncio.wait_for(stop.wait(), delay)
                 break
@@ -503,7 +572,7 @@ def build_what_is_served(model_repository: Path) -> None:
 
 
 def main(argv=None) -> int:
-    from .edge import MAX_BODY_BYTES, MAX_DEPTH
+    from .edge import MAX_BODY_BYTES, MAX_DEPTH, READ_TIMEOUT_S
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
@@ -514,6 +583,10 @@ def main(argv=None) -> int:
                     help="address the HTTP edge, gRPC and metrics listen on (Triton's own HTTP stays on loopback)")
     ap.add_argument("--max-body-bytes", type=int, default=int(os.environ.get("SPECSERVE_MAX_BODY_BYTES") or MAX_BODY_BYTES),
                     help="largest HTTP request body (413 beyond)")
+    ap.add_argument("--http-read-timeout", type=float,
+                    default=float(os.environ.get("SPECSERVE_HTTP_READ_TIMEOUT_S") or READ_TIMEOUT_S),
+                    help="seconds a client has to send a request's headers, and again its body (idle "
+                         "keep-alive connections close after as long)")
     ap.add_argument("--max-json-depth", type=int, default=int(os.environ.get("SPECSERVE_MAX_JSON_DEPTH") or MAX_DEPTH),
                     help="deepest JSON nesting in an HTTP request (400 beyond)")
     args = ap.parse_args(argv)
@@ -530,10 +603,9 @@ def main(argv=None) -> int:
           f"model 'llm' (also 'ensemble', 'tensorrt_llm_bls'; unary 'llm_unary'); OpenAI API at "
           f"http://127.0.0.1:{ports.http}/v1. Try:\n  curl -s -X POST 127.0.0.1:{ports.http}/v2/models/llm/generate "
           "-d '{\"text_input\": \"The capital of France is\", \"max_tokens\": 16}'", flush=True)
-    upstream_key = secrets.token_urlsafe(24)
-    return Supervisor(server_command(args.model_repository, ports, upstream_key=upstream_key, bind=args.bind_address),
+    return Supervisor(server_command(args.model_repository, ports, bind=args.bind_address),
                       ports, args.max_body_bytes, args.max_json_depth, admin_key=os.environ.get("SPECSERVE_ADMIN_KEY"),
-                      upstream_admin_key=upstream_key, bind=args.bind_address)()
+                      bind=args.bind_address, read_timeout_s=args.http_read_timeout)()
 
 
 if __name__ == "__main__":

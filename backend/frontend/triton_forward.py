@@ -141,7 +141,10 @@ class TritonPythonModel:
                         prefix = text.reshape(-1)[0]
                     elif text is not None and text.size > 1:  # a batch: each row's own prompt
                         prefix = [x if isinstance(x, bytes) else b"" for x in text.reshape(-1)]
-                values["stream"] = np.ones_like(values["stream"]) if "stream" in values else np.array([[True]])
+                # one row per prompt: Triton refuses a batch whose inputs' first dimensions differ
+                rows = values["text_input"].shape[0] if values.get("text_input") is not None and \
+                    values["text_input"].ndim else 1
+                values["stream"] = np.ones_like(values["stream"]) if "stream" in values else np.ones((rows, 1), bool)
                 inputs = [pb_utils.Tensor(name, arr) for name, arr in values.items()]
             except Exception:
                 log.exception("could not read a request's inputs")

@@ -177,3 +177,156 @@ def test_cancel_marks_older_than_a_minute_are_pruned(tmp_path):
     (tmp_path / ("b" * 32)).touch()
     CancelMarks(tmp_path).mark("c" * 32)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b" * 32, "c" * 32]
+
+
+def _tensor(name, shape, datatype, data):
+    return {"name": name, "shape": shape, "datatype": datatype, "data": data}
+
+
+TEXT = _tensor("text_input", [1, 1], "BYTES", ["hi"])
+
+
+@pytest.mark.parametrize("body,words", [
+    ({"inputs": {"text_input": TEXT}}, "inputs must be an array of tensor objects, got an object"),
+    ({"inputs": [TEXT], "outputs": {"name": "text_output"}}, "outputs must be an array"),
+    ({"inputs": [TEXT, 3]}, r"inputs\[1\] must be a tensor object"),
+    ({"inputs": [_tensor("text_input", [-1, 1], "BYTES", ["hi"])]}, "input 'text_input': shape must be an array of "
+                                                                     r"non-negative integers, got \[-1, 1\]"),
+    ({"inputs": [_tensor("text_input", [1.5, 1], "BYTES", ["hi"])]}, "input 'text_input': shape"),
+    ({"inputs": [_tensor("text_input", [True], "BYTES", ["hi"])]}, "input 'text_input': shape"),
+    ({"inputs": [TEXT, _tensor("max_tokens", [1, 1], "INT32", [8.7])]}, "max_tokens must be an integer, got a number"),
+    ({"inputs": [TEXT, _tensor("max_tokens", [1, 1], "INT32", ["8"])]}, "max_tokens must be an integer, got a string"),
+    ({"inputs": [TEXT, _tensor("max_tokens", [1, 1], "INT32", [2**32 + 8])]}, "max_tokens 4294967304 is out of range"),
+    ({"inputs": [TEXT, _tensor("stream", [1, 1], "BOOL", ["yes"])]}, "stream must be true or false, got a string"),
+    ({"inputs": [_tensor("text_input", [1, 1], "BYTES", [5])]}, "text_input must be a string"),
+    ({"inputs": [{"name": 3, "shape": [1], "datatype": "INT32", "data": [1]}]}, r"inputs\[0\].name must be a string"),
+    ([TEXT], "must be a JSON object"),
+])
+def test_infer_body_mistakes_are_400s_naming_the_field(body, words):
+    """Triton 2.51 answers 500 for each of these (or wraps max_tokens 2^32+8 to 8)."""
+    from backend.frontend.edge import check_infer
+
+    with pytest.raises(EdgeError, match=words) as e:
+        check_infer(body)
+    assert e.value.status == 400
+
+
+def test_valid_infer_bodies_pass():
+    from backend.frontend.edge import check_infer
+
+    check_infer({"inputs": [_tensor("text_input", [2, 1], "BYTES", [["a"], ["b"]]),
+                            _tensor("max_tokens", [2, 1], "INT32", [[4], [4]]),
+                            _tensor("temperature", [1, 1], "FP32", [0.5]), _tensor("stream", [1, 1], "BOOL", [False])],
+                 "outputs": [{"name": "text_output"}], "parameters": {"priority": 1}})
+    # the JSON header of a binary request: the data follows it
+    check_infer({"inputs": [{"name": "text_input", "shape": [1, 1], "datatype": "BYTES",
+                             "parameters": {"binary_data_size": 6}}]})
+    check_infer({"inputs": [_tensor("x", [1], "STRANGE", ["?"])]})  # an unknown datatype: Triton names it
+
+
+@pytest.mark.parametrize("raw,where", [
+    (b'{"text_input": "\\ud800", "max_tokens": 2}', "text_input"),
+    (b'{"inputs": [{"name": "text_input", "data": ["ok", "a\\udfffb"]}]}', r"inputs\[0\].data\[1\]"),
+    (b'{"stop_words": ["\\ud83d"]}', r"stop_words\[0\]"),  # the first half of a pair, alone
+])
+def test_lone_surrogates_are_400s_naming_the_field(raw, where):
+    """Python parses "\\ud800", Triton's parser refuses it with a 500: not Unicode, refused here."""
+    with pytest.raises(EdgeError, match=f"^{where} is not valid Unicode") as e:
+        parse_json(raw, 32)
+    assert e.value.status == 400
+    assert parse_json(b'{"text_input": "\\ud83d\\ude00 \\u00e9"}', 32) == {"text_input": "\U0001F600 \u00e9"}
+
+
+def test_upstream_headers():
+    """A header value that is not UTF-8 is a 400 naming it (it was aiohttp's 500); the internal key
+    goes to Triton with every request, a client's own is dropped; the admin key only if it matches."""
+    from types import SimpleNamespace
+
+    from multidict import CIMultiDict
+
+    from backend.frontend.edge import ADMIN_HEADER, INTERNAL_HEADER, Edge
+
+    edge = Edge("http://127.0.0.1:9", admin_key="adm", upstream_admin_key="up", internal_key="inner")
+
+    def headers(**h):  # as aiohttp parses them: bytes that are not UTF-8 kept as surrogates
+        return edge._upstream_headers(SimpleNamespace(headers=CIMultiDict(h)))
+
+    with pytest.raises(EdgeError, match=f"header {ADMIN_HEADER} is not valid UTF-8") as e:
+        headers(**{ADMIN_HEADER: b"\xff\xfe".decode("utf-8", "surrogateescape")})
+    assert e.value.status == 400
+    assert headers(**{INTERNAL_HEADER: "guess", "X-A": "1"}) == {INTERNAL_HEADER: "inner", "X-A": "1"}
+    assert headers(**{ADMIN_HEADER: "adm"}) == {ADMIN_HEADER: "up", INTERNAL_HEADER: "inner"}
+    assert headers(**{ADMIN_HEADER: "wrong"}) == {INTERNAL_HEADER: "inner"}
+
+
+def test_head_stream_true_and_stalled_clients():
+    """HEAD gets GET's answer without a body (Triton 2.51 drops HEAD: the edge answered 503);
+    stream: true on /generate is a 400 pointing to /generate_stream (Triton answers 200 with an
+    error body); a client that stalls in its headers is dropped and one that stalls in its body gets
+    408, after read_timeout_s."""
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    from aiohttp import ClientSession, web
+    from aiohttp.test_utils import TestServer
+
+    from backend.frontend.edge import serve
+    from backend.frontend.launcher import free_port
+
+    methods = []
+
+    async def triton(request):
+        if request.path.endswith("/config"):
+            return web.json_response({"input": [{"name": "text_input", "data_type": "TYPE_STRING"},
+                                                {"name": "stream", "data_type": "TYPE_BOOL"}]})
+        methods.append(request.method)
+        if request.method == "HEAD":  # what Triton 2.51 does
+            request.transport.close()
+        if request.path.endswith("/generate") and request.method != "POST":
+            return web.json_response({"error": "Method Not Allowed"}, status=405)
+        return web.json_response({"ready": True})
+
+    async def stalled(front, request: bytes) -> tuple:
+        reader, writer = await asyncio.open_connection(front.host, front.port)
+        writer.write(request)
+        await writer.drain()
+        t0 = time.monotonic()
+        answer = await asyncio.wait_for(reader.read(), 10)  # until the edge closes the connection
+        writer.close()
+        return answer, time.monotonic() - t0
+
+    async def main():
+        upstream = web.Application()
+        upstream.router.add_route("*", "/{tail:.*}", triton)
+        async with TestServer(upstream) as up:
+            stop, port = asyncio.Event(), free_port()
+            served = asyncio.create_task(serve("127.0.0.1", port, str(up.make_url("")).rstrip("/"), stop,
+                                               read_timeout_s=0.5))
+            front = SimpleNamespace(host="127.0.0.1", port=port, url=lambda p: f"http://127.0.0.1:{port}{p}")
+            async with ClientSession() as client:
+                for _ in range(100):
+                    try:
+                        async with client.head(front.url("/v2/health/ready")) as r:
+                            assert r.status == 200 and await r.read() == b""
+                        break
+                    except OSError:  # not listening yet
+                        await asyncio.sleep(0.05)
+                async with client.head(front.url("/v2/models/llm/generate")) as r:
+                    assert r.status == 405 and await r.read() == b""
+                async with client.post(front.url("/v2/models/llm/generate"), json={"text_input": "hi", "stream": True}) as r:
+                    assert r.status == 400 and "/generate_stream" in (await r.json())["error"]
+                async with client.post(front.url("/v2/models/llm/generate_stream"),
+                                       json={"text_input": "hi", "stream": True}) as r:
+                    assert r.status == 200
+            answer, took = await stalled(front, b"POST /v2/models/llm/generate HTTP/1.1\r\nHost: x\r\nContent-Le")
+            assert took < 5, took
+            answer, took = await stalled(front, b"POST /v2/models/llm/generate HTTP/1.1\r\nHost: x\r\n"
+                                                b"Content-Length: 100\r\n\r\n{\"text_input\": ")
+            assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 0.5 s" in answer, answer
+            assert took < 5, took
+            stop.set()
+            await served
+
+    asyncio.run(main())
+    assert methods == ["GET", "GET", "POST"]

@@ -523,7 +523,7 @@ def test_entrypoint_serves_through_the_launcher_on_all_interfaces(entrypoint, mo
         if (launcher.TRITON / "pytriton").exists() else None
     if tcmd is not None:
         assert "--http-address=127.0.0.1" in tcmd and "--grpc-address=0.0.0.0" in tcmd
-        assert "--metrics-address=0.0.0.0" in tcmd and "--http-port=18000" in tcmd
+        assert "--metrics-address=0.0.0.0" in tcmd and "--http-port=@SPECSERVE_ARG_HTTP_PORT@" in tcmd
 
 
 class _Health(http.server.BaseHTTPRequestHandler):

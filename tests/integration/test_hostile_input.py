@@ -8,7 +8,9 @@ Triton 2.51 (SIGSEGV), so those cases fail.
 """
 import http.client
 import json
+import re
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -23,7 +25,7 @@ from test_server import Stream, grpc_generate
 
 MAX_QUEUE = 2
 HOSTILE_ENV = dict(SPECSERVE_MAX_CONTEXT="512", SPECSERVE_MAX_TOKENS_LIMIT="256", SPECSERVE_MAX_BATCH="2", SPECSERVE_MAX_QUEUE=str(MAX_QUEUE),
-                   SPECSERVE_MAX_BODY_BYTES=str(1 << 20), OMP_NUM_THREADS="1",
+                   SPECSERVE_MAX_BODY_BYTES=str(1 << 20), OMP_NUM_THREADS="1", SPECSERVE_HTTP_READ_TIMEOUT_S="4",
                    # plain decoding: the admission test's long streams must outlast its checks
                    SPECSERVE_POLICY="off", SPECSERVE_POLICY_CONFIG="")
 
@@ -81,6 +83,17 @@ def deep(d: int, inner: bytes = b"2") -> bytes:
 
 
 GEN = "/v2/models/llm/generate"
+INFER, UNARY = "/v2/models/llm/infer", "/v2/models/llm_unary/infer"
+
+
+def tensor(name, shape, datatype, data):
+    return {"name": name, "shape": shape, "datatype": datatype, "data": data}
+
+
+def infer(*tensors) -> bytes:
+    return json.dumps({"inputs": [tensor("text_input", [1, 1], "BYTES", ["hi"]), *tensors]}).encode()
+
+
 HOSTILE_HTTP = [  # (id, path, body, status, words the error must contain)
     ("deep-40000-in-a-field", GEN, b'{"text_input": "hi", "max_tokens": ' + deep(40000) + b"}", 400, "nests deeper"),
     ("deep-40000-top-level", GEN, deep(40000, b""), 400, "nests deeper"),
@@ -105,6 +118,23 @@ HOSTILE_HTTP = [  # (id, path, body, status, words the error must contain)
     ("temperature-denormal", GEN, b'{"text_input": "hi", "max_tokens": 2, "temperature": 1e-40}', 400, "temperature"),
     ("top_p-nan", GEN, b'{"text_input": "hi", "max_tokens": 2, "top_p": NaN}', 400, "top_p"),
     ("huge-prompt", GEN, json.dumps({"text_input": "a" * 900_000, "max_tokens": 2}).encode(), 400, "text_input"),
+    ("stream-true-on-generate", GEN, json.dumps({"text_input": "hi", "max_tokens": 2, "stream": True}).encode(), 400,
+     "/generate_stream"),
+    ("lone-surrogate-generate", GEN, b'{"text_input": "\\ud800", "max_tokens": 2}', 400, "text_input is not valid Unicode"),
+    # /infer: Triton 2.51 wrapped the first to 8 tokens and answered 500 for the others
+    ("infer-max_tokens-2^32+8", INFER, infer(tensor("max_tokens", [1, 1], "INT32", [2**32 + 8])), 400, "max_tokens"),
+    ("unary-max_tokens-2^32+8", UNARY, infer(tensor("max_tokens", [1, 1], "INT32", [2**32 + 8])), 400, "max_tokens"),
+    ("infer-lone-surrogate", INFER, b'{"inputs": [{"name": "text_input", "shape": [1, 1], "datatype": "BYTES", '
+                                    b'"data": ["\\ud800"]}]}', 400, "inputs[0].data[0] is not valid Unicode"),
+    ("infer-negative-shape", INFER, json.dumps({"inputs": [tensor("text_input", [-1, 1], "BYTES", ["hi"])]}).encode(),
+     400, "input 'text_input': shape"),
+    ("infer-fractional-shape", UNARY, json.dumps({"inputs": [tensor("text_input", [1.5, 1], "BYTES", ["hi"])]}).encode(),
+     400, "input 'text_input': shape"),
+    ("infer-int32-float", INFER, infer(tensor("max_tokens", [1, 1], "INT32", [8.7])), 400, "max_tokens must be an integer"),
+    ("infer-int32-string", INFER, infer(tensor("max_tokens", [1, 1], "INT32", ["8"])), 400, "max_tokens must be an integer"),
+    ("infer-bool-string", INFER, infer(tensor("stream", [1, 1], "BOOL", ["yes"])), 400, "stream must be true or false"),
+    ("infer-inputs-object", INFER, json.dumps({"inputs": {"text_input": tensor("text_input", [1, 1], "BYTES", ["hi"])}}
+                                              ).encode(), 400, "inputs must be an array"),
 ]
 
 
@@ -305,3 +335,110 @@ def test_http_client_that_leaves_while_generating_stops_it(hostile, path, body):
     assert after.get("specserve_requests_finished_total", 0) == before.get("specserve_requests_finished_total", 0)
     assert after["specserve_tokens_emitted_total"] - before.get("specserve_tokens_emitted_total", 0) < 200
     assert healthy(hostile)
+
+
+def test_non_utf8_header_is_a_400_naming_it(hostile):
+    c = http.client.HTTPConnection("127.0.0.1", hostile.ports.http, timeout=30)
+    c.putrequest("GET", "/v2/logging")
+    c.putheader("specserve-admin-key", b"\xff\xfe")
+    c.endheaders()
+    r = c.getresponse()
+    assert r.status == 400 and "specserve-admin-key" in json.loads(r.read())["error"]
+    c.close()
+    assert healthy(hostile)
+
+
+def test_head_answers_what_get_would_without_a_body(hostile):
+    for path, status in [("/v2/health/ready", 200), ("/v2/models/llm", 200), ("/v2/models/llm/config", 200),
+                         (GEN, 405), ("/v2/models/nope", 404), ("/v1/models", 200)]:
+        c = http.client.HTTPConnection("127.0.0.1", hostile.ports.http, timeout=30)
+        c.request("GET", path)
+        r = c.getresponse()
+        get_status = r.status
+        r.read()
+        c.request("HEAD", path)
+        r = c.getresponse()
+        assert (r.status, get_status) == (status, status) and r.read() == b"", path
+        c.close()
+    assert healthy(hostile)
+
+
+def test_batched_infer_answers_each_prompt(hostile):
+    """[B, 1] inputs on /infer: one response holding each prompt's outputs (batch_index by row)."""
+    body = {"inputs": [tensor("text_input", [2, 1], "BYTES", ["1, 2, 3,", "a, b, c,"]),
+                       tensor("max_tokens", [2, 1], "INT32", [3, 3]),
+                       tensor("exclude_input_in_output", [2, 1], "BOOL", [True, True])]}
+    for path in (INFER, UNARY):
+        status, text, _ = post(hostile, path, json.dumps(body).encode())
+        assert status == 200, text
+        out = {o["name"]: o for o in json.loads(text)["outputs"]}
+        assert len(out["text_output"]["data"]) == 2 and out["batch_index"]["data"] == [0, 1]
+        assert out["num_output_tokens"]["data"] == [3, 3]
+    assert healthy(hostile)
+
+
+def test_stalled_clients_are_dropped(hostile):
+    """Slow loris: a client that stops mid-headers is disconnected, one that stops mid-body gets 408,
+    both after SPECSERVE_HTTP_READ_TIMEOUT_S (4 s here); nobody else notices."""
+    good = GoodClient(hostile)
+    for partial, answer in [(b"POST /v2/models/llm/generate HTTP/1.1\r\nHost: x\r\nContent-Le", b""),
+                            (b"POST /v2/models/llm/generate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+                             b"HTTP/1.1 408")]:
+        with socket.create_connection(("127.0.0.1", hostile.ports.http), timeout=30) as sock:
+            sock.sendall(partial)
+            t0, got = time.monotonic(), b""
+            while chunk := sock.recv(4096):
+                got += chunk
+            assert got.startswith(answer) and 3 < time.monotonic() - t0 < 15, (got, time.monotonic() - t0)
+    good.check()
+    assert healthy(hostile)
+
+
+def test_tritons_private_http_is_closed_to_local_clients(hostile):
+    """A local client that finds Triton's private port gets 403 for every API without the edge's
+    key: before its body is parsed, so the 40,000-deep JSON that kills Triton 2.51 is refused.
+    (A 4 MiB body still kills it before any check: the launcher restarts it, README "Limits".)"""
+    port = int(re.findall(r"Started HTTPService at 127\.0\.0\.1:(\d+)", hostile.log_path.read_text())[-1])
+    for method, path, body in [("GET", "/v2/health/ready", None), ("GET", "/v2/models/llm/config", None),
+                               ("POST", GEN, deep(40000)), ("POST", UNARY, infer())]:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        c.request(method, path, body=body)
+        r = c.getresponse()
+        assert r.status == 403 and b"restricted" in r.read(), path
+        c.close()
+    assert healthy(hostile)
+
+
+LONG_ENV = dict(HOSTILE_ENV, SPECSERVE_MAX_CONTEXT="2048", SPECSERVE_MAX_QUEUE="8")
+
+
+def test_a_short_request_does_not_wait_for_a_long_prefill(tmp_path, tokenizer):
+    """Fairness: a short request arriving 0.5 s into a 2,047-token prompt's prefill gets its first
+    token after about one 128-token chunk of it, not after the whole prompt (it waited 15.8 s for
+    it vs 0.04 s alone before chunked prefill). Generous bound for a shared machine: under half
+    the long prompt's own time to its first token (waiting for it whole: all of it, less 0.5 s)."""
+    ids = tokenizer(" ".join(f"w{i}" for i in range(3000)))["input_ids"][:2047]
+    long_prompt = tokenizer.decode(ids)
+    assert len(tokenizer(long_prompt)["input_ids"]) == 2047
+    with running_server(LONG_ENV, tmp_path) as srv:
+        def ttft(prompt, out, key):
+            c = http.client.HTTPConnection("127.0.0.1", srv.ports.http, timeout=600)
+            t0 = time.monotonic()
+            c.request("POST", GEN + "_stream", body=json.dumps({"text_input": prompt, "max_tokens": 2, "stream": True}))
+            r = c.getresponse()
+            assert r.status == 200
+            for line in r:
+                if line.startswith(b"data:"):
+                    out.setdefault(key, time.monotonic() - t0)
+            c.close()
+
+        out = {}
+        ttft("The capital of France is", out, "warm-up")
+        long = threading.Thread(target=ttft, args=(long_prompt, out, "long"))
+        long.start()
+        time.sleep(0.5)
+        ttft("The capital of France is", out, "short")
+        long.join(600)
+        print(f"time to first token: short alone {out['warm-up']:.2f} s, beside the long prefill {out['short']:.2f} s, "
+              f"the long prompt {out['long']:.2f} s")
+        assert out["short"] < 0.5 * out["long"], out

@@ -1,10 +1,14 @@
 """The server's lifecycle under the launcher (issue 20): a clean stop under load, a restart
-after Triton dies, a clean start after the launcher itself was killed, and no admin key on any
-command line. Each test starts its own server (backend/frontend/launcher.py) with small limits."""
+after Triton dies (503 with Retry-After meanwhile, and never giving up), a clean start after the
+launcher itself was killed, and no key or private port on any command line. Each test starts its
+own server (backend/frontend/launcher.py) with small limits."""
 import http.client
 import json
 import os
+import re
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -12,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.frontend.launcher import SHM_PREFIX, TRITON_STOP_S, Ports, _alive, _stubs, start_server
+from backend.frontend.launcher import (SHM_PREFIX, TRITON_STOP_S, Ports, Supervisor, _alive, _stubs, argv_env_library,
+                                       start_server)
 from test_server import Stream, grpc_generate
 
 DRAIN_S = 3
@@ -152,6 +157,12 @@ def test_supervisor_restarts_a_dead_tritonserver(log_path):
             stubs = stubs_of(server)
             if victim == "tritonserver":
                 os.kill(server, signal.SIGKILL)
+                time.sleep(0.3)  # while it is down the edge says when to come back
+                c = http.client.HTTPConnection("127.0.0.1", ports.http, timeout=30)
+                c.request("POST", "/v2/models/llm/generate", body=json.dumps({"text_input": "hi", "max_tokens": 2}))
+                r = c.getresponse()
+                assert (r.status, r.getheader("Retry-After")) == (503, "1"), r.read()
+                c.close()
             else:
                 os.kill(next(p for p, region in stubs.items() if "llm/1" in " ".join(_argv(p))), signal.SIGKILL)
             t0, new = time.monotonic(), server
@@ -220,11 +231,39 @@ def test_after_sigkill_of_the_launcher_the_next_start_is_clean():
         stop(second)
 
 
+def test_restarts_never_give_up_by_default(tmp_path):
+    """A crash loop (a local client killing Triton again and again) slows restarts down to one
+    every 30 s but never ends the service; SPECSERVE_MAX_RESTARTS = n > 0 gives up after n."""
+    import shutil
+
+    for max_restarts, delays in [(0, [1, 2, 4, 8, 16, 30, 30, 30]), (2, [1, 2, None])]:
+        sup = Supervisor([], Ports(1, 2, 3, 4), 1 << 20, 32, max_restarts=max_restarts)
+        shutil.rmtree(sup.workdir)
+        assert [sup._restart_delay() for _ in delays] == delays
+
+
+def test_argv_env_fills_placeholders_that_ps_does_not_show(tmp_path):
+    library = argv_env_library(tmp_path)
+    assert library is not None, "needs a C compiler"
+    show = ("import os, sys; print(sys.argv[1:], open('/proc/self/cmdline', 'rb').read().split(b'\\0')[3:5], "
+            "os.environ.get('SPECSERVE_ARG_KEY'), os.environ.get('LD_PRELOAD'))")
+    out = subprocess.run([sys.executable, "-c", show, "--key=a:@SPECSERVE_ARG_KEY@", "--port=@SPECSERVE_ARG_PORT@"],
+                         env=dict(os.environ, LD_PRELOAD=str(library), SPECSERVE_ARG_KEY="s3cret", SPECSERVE_ARG_PORT="99"),
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == ("['--key=a:s3cret', '--port=99'] [b'--key=a:@SPECSERVE_ARG_KEY@', "
+                           "b'--port=@SPECSERVE_ARG_PORT@'] None None"), out
+
+
 def test_admin_key_is_on_no_command_line(log_path):
+    """Nor Triton's internal keys or its private HTTP port (read from its log here)."""
     key = "adm1n-" + os.urandom(8).hex()
     with open(log_path, "w") as log:
         proc, ports = start_server(env=dict(ENV, SPECSERVE_ADMIN_KEY=key), log_file=log)
     try:
+        private = re.findall(r"Started HTTPService at 127\.0\.0\.1:(\d+)", log_path.read_text())[-1]
+        triton = _argv(triton_pid(proc.pid))
+        assert "--http-port=@SPECSERVE_ARG_HTTP_PORT@" in triton and not any(private in a for a in triton), triton
+        assert any(a.endswith("specserve-internal-key=@SPECSERVE_ARG_INTERNAL_KEY@") for a in triton), triton
         for d in Path("/proc").iterdir():
             if d.name.isdigit():
                 try:
