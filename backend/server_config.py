@@ -121,8 +121,9 @@ OTHER_ENV = {
     "SPECSERVE_MODEL": "docker compose: the model directory under models/",
     "SPECSERVE_PUBLISH_ADDRESS": "docker compose: the host address the ports are published on",
 }
-# Kubernetes service links (SPECSERVE_SERVICE_HOST, SPECSERVE_PORT_8000_TCP, ...) name a Service, not a setting.
-SERVICE_LINK_PREFIXES = ("SPECSERVE_SERVICE_", "SPECSERVE_PORT")
+# Kubernetes service links (SPECSERVE_SERVICE_HOST, SPECSERVE_PORT_8000_TCP, ...) name a Service, not a
+# setting; SPECSERVE_ARG_<NAME> carry Triton's secret arguments from the launcher (argv_env.c) and no one else.
+SERVICE_LINK_PREFIXES = ("SPECSERVE_SERVICE_", "SPECSERVE_PORT", "SPECSERVE_ARG_")
 
 
 def known_env() -> List[str]:
