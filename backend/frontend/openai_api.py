@@ -11,6 +11,7 @@ Supported: `messages` (system / developer / user / assistant; text content or te
 (default 1, as OpenAI), `top_p`, `presence_penalty` / `frequency_penalty` (-2..2), `seed`, `stop`, `n` (up to MAX_N: n requests in one batch,
 seeds seed, seed+1, ... when a seed is given), `stream` with `stream_options.include_usage`,
 `echo` (completions), `usage`, vLLM's `min_tokens` and `ignore_eos` (the engine's min_length),
+`response_format` (chat: json_object, json_schema; the engine's guided decoding, backend/generation/guided.py),
 `logprobs` (chat: true / false with `top_logprobs` 0..20;
 completions: 0..5) in OpenAI's shapes, streaming or not: the log prob of each generated token under
 the distribution it was sampled from and its most likely alternatives (the engine's
