@@ -18,8 +18,8 @@ reaches Triton the edge
   itself refuses an unknown input on /infer and gRPC, and `stream: true` on /generate (Triton
   answers 200 with an error body: streaming is /generate_stream's);
 - answers HEAD with what GET would, without the body (Triton 2.51 drops HEAD connections);
-- sends /infer on the decoupled models (llm, ensemble, tensorrt_llm_bls), which Triton refuses
-  with 501, to the unary model llm_unary (model_repository/llm_unary) on the same engine;
+- sends /infer on the decoupled models (llm, ensemble, tensorrt_llm_bls; tensorrt_llm), which Triton refuses
+  with 501, to their unary twins llm_unary / tensorrt_llm_unary (model_repository/) on the same engine;
 - gives the model's own errors their status: Triton 2.51 answers 400 for every error a
   decoupled model sends, so "server overloaded" becomes 503 (with Retry-After) and
   "internal error" 500;
@@ -61,7 +61,8 @@ GENERATE_FIELDS = {"id", "parameters"}  # generate-request fields of Triton's ow
 INFER = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?/infer$")
 # Triton refuses /infer for a decoupled model (501); these names reach the engine's unary model
 # (model_repository/llm_unary) instead. Its responses name llm_unary as the model.
-UNARY_ROUTES = {"llm": "llm_unary", "ensemble": "llm_unary", "tensorrt_llm_bls": "llm_unary"}
+UNARY_ROUTES = {"llm": "llm_unary", "ensemble": "llm_unary", "tensorrt_llm_bls": "llm_unary",
+                "tensorrt_llm": "tensorrt_llm_unary"}
 INFER_HEADER = "Inference-Header-Content-Length"
 # The edge's own id of a request the model computes (backend/wire.py). Triton 2.51 forwards headers
 # (--http-header-forward-pattern, backend/frontend/launcher.py) as request parameters on /infer only, not on

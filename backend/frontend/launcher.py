@@ -600,7 +600,7 @@ def main(argv=None) -> int:
     if reap_stubs():
         print("killed Python-backend stubs a crashed server left behind", flush=True)
     print(f"Starting Triton on {args.bind_address} — HTTP {ports.http}, gRPC {ports.grpc}, metrics {ports.metrics}; "
-          f"model 'llm' (also 'ensemble', 'tensorrt_llm_bls'; unary 'llm_unary'); OpenAI API at "
+          f"model 'llm' (also 'ensemble', 'tensorrt_llm_bls'; unary 'llm_unary'; token-level 'tensorrt_llm'); OpenAI API at "
           f"http://127.0.0.1:{ports.http}/v1. Try:\n  curl -s -X POST 127.0.0.1:{ports.http}/v2/models/llm/generate "
           "-d '{\"text_input\": \"The capital of France is\", \"max_tokens\": 16}'", flush=True)
     return Supervisor(server_command(args.model_repository, ports, bind=args.bind_address),

@@ -1,6 +1,7 @@
-"""The unary (non-decoupled) Triton model: one response per request, for HTTP /infer, gRPC
+"""The unary (non-decoupled) Triton models: one response per request, for HTTP /infer, gRPC
 ModelInfer, `client.infer()` and `perf_analyzer -i http`, which Triton refuses for the decoupled
-`llm` model.
+`llm` model (llm_unary) and `tensorrt_llm` (tensorrt_llm_unary: it asks with streaming=false and
+passes the one response on, `stream_input` below).
 
 It holds no engine: each request is forwarded inside Triton to the decoupled model named by the
 `forward_to` parameter (default `llm`) with BLS (`exec(decoupled=True)`), so it joins the same
@@ -66,12 +67,14 @@ def _join_one(outputs: list, prefix: bytes) -> dict:
     for out in outputs:
         for name, arr in out.items():
             if name == TEXT:
+                joined[TEXT] = None  # a text model's: the texts are joined below
                 texts.extend(x if isinstance(x, bytes) else str(x).encode() for x in np.asarray(arr).reshape(-1))
             elif name in PER_TOKEN:
                 per_token.setdefault(name, []).append(np.asarray(arr, dtype=PER_TOKEN[name]))
             else:
                 joined[name] = arr
-    joined[TEXT] = np.array([b"".join(texts)], dtype=np.object_)
+    if TEXT in joined or prefix:
+        joined[TEXT] = np.array([b"".join(texts)], dtype=np.object_)
     for name, arrays in per_token.items():
         full = [a for a in arrays if a.size] or arrays[:1]  # a step with no token may carry k = 0
         joined[name] = np.concatenate([a.reshape(1, 1, -1) if a.ndim < 4 else a.reshape((1, 1) + a.shape[-2:])
@@ -122,6 +125,9 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException("this model must not be decoupled: it answers once per request")
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.target = params.get("forward_to") or "llm"
+        # llm's `stream` is forced on (its step texts are joined); tensorrt_llm's `streaming` off (its
+        # one response, token ids with the prompt's in front unless excluded, is passed on)
+        self.stream_input = params.get("stream_input") or "stream"
         self.output_names = [o["name"] for o in config["output"]]
         self.input_names = [i["name"] for i in config["input"]]
 
@@ -134,17 +140,7 @@ class TritonPythonModel:
                     t = pb_utils.get_input_tensor_by_name(request, name)
                     if t is not None:  # copied: the request's buffers are released when execute returns
                         values[name] = np.array(t.as_numpy(), copy=True)
-                prefix = b""
-                if not _flag(values.get("stream")) and not _flag(values.get("exclude_input_in_output")):
-                    text = values.get("text_input")  # llm refuses a missing, empty or non-UTF-8 one
-                    if text is not None and text.size == 1 and isinstance(text.reshape(-1)[0], bytes):
-                        prefix = text.reshape(-1)[0]
-                    elif text is not None and text.size > 1:  # a batch: each row's own prompt
-                        prefix = [x if isinstance(x, bytes) else b"" for x in text.reshape(-1)]
-                # one row per prompt: Triton refuses a batch whose inputs' first dimensions differ
-                rows = values["text_input"].shape[0] if values.get("text_input") is not None and \
-                    values["text_input"].ndim else 1
-                values["stream"] = np.ones_like(values["stream"]) if "stream" in values else np.ones((rows, 1), bool)
+                prefix = self._set_stream(values)
                 inputs = [pb_utils.Tensor(name, arr) for name, arr in values.items()]
             except Exception:
                 log.exception("could not read a request's inputs")
@@ -153,6 +149,25 @@ class TritonPythonModel:
             threading.Thread(target=self._forward, args=(inputs, prefix, sender, request_id(request)), name="unary",
                              daemon=True).start()
         return None
+
+    def _set_stream(self, values: dict):
+        """Set the target's stream input in `values` -> what the joined text starts with (b"", or
+        one prefix per batch row)."""
+        if self.stream_input != "stream":  # tensorrt_llm: one response, passed on
+            rows = values["input_ids"].shape[0] if values.get("input_ids") is not None else 1
+            values[self.stream_input] = np.zeros((rows, 1), bool)
+            return b""
+        prefix = b""
+        if not _flag(values.get("stream")) and not _flag(values.get("exclude_input_in_output")):
+            text = values.get("text_input")  # llm refuses a missing, empty or non-UTF-8 one
+            if text is not None and text.size == 1 and isinstance(text.reshape(-1)[0], bytes):
+                prefix = text.reshape(-1)[0]
+            elif text is not None and text.size > 1:  # a batch: each row's own prompt
+                prefix = [x if isinstance(x, bytes) else b"" for x in text.reshape(-1)]
+        # one row per prompt: Triton refuses a batch whose inputs' first dimensions differ
+        rows = values["text_input"].shape[0] if values.get("text_input") is not None and values["text_input"].ndim else 1
+        values["stream"] = np.ones_like(values["stream"]) if "stream" in values else np.ones((rows, 1), bool)
+        return prefix
 
     def _forward(self, inputs, prefix: bytes, sender, rid=None) -> None:
         try:

@@ -66,6 +66,16 @@ def test_unary_model_forwards_to_llm_and_is_not_decoupled():
     assert "from backend.frontend.triton_forward import TritonPythonModel" in model_py
 
 
+def test_tensorrt_llm_unary_is_tensorrt_llm_answering_once():
+    cfg, target = load("tensorrt_llm_unary"), load("tensorrt_llm")
+    assert not cfg.model_transaction_policy.decoupled and target.model_transaction_policy.decoupled
+    assert (signature(cfg.input), signature(cfg.output)) == (signature(target.input), signature(target.output))
+    assert cfg.parameters["forward_to"].string_value == "tensorrt_llm"
+    assert cfg.parameters["stream_input"].string_value == "streaming"
+    model_py = (REPO / "tensorrt_llm_unary" / "1" / "model.py").read_text()
+    assert "from backend.frontend.triton_forward import TritonPythonModel" in model_py
+
+
 # NVIDIA's token-level models (all_models/inflight_batcher_llm/*/config.pbtxt): name, dtype, dims
 # and optional flag of what we declare, and what each must declare.
 T = mc.DataType

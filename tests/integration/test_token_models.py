@@ -63,6 +63,22 @@ def test_tensorrt_llm_greedy_equals_the_text_path(server, pre, text_path):
     assert ids.shape == (1, 1, n[0][0]) and ids[0][0].tolist() == prompt + text_path["output_token_ids"]
 
 
+@pytest.mark.parametrize("protocol, model", [(httpclient, "tensorrt_llm"), (grpcclient, "tensorrt_llm_unary")],
+                         ids=["http-edge-route", "grpc-unary"])
+def test_unary_calls_like_end_to_end_test(server, pre, text_path, protocol, model):
+    """end_to_end_test.py calls client.infer("tensorrt_llm") over HTTP: the edge sends it to
+    tensorrt_llm_unary, which gRPC clients call by name (Triton refuses ModelInfer on a decoupled model)."""
+    url = server.http if protocol is httpclient else server.grpc
+    client = protocol.InferenceServerClient(url, **({"network_timeout": 120, "connection_timeout": 120}
+                                                   if protocol is httpclient else {}))
+    try:
+        result = client.infer(model, tensors(protocol, trtllm_request(pre, streaming=True)))
+    finally:
+        client.close()
+    ids, n = result.as_numpy("output_ids"), result.as_numpy("sequence_length")
+    assert ids.shape == (1, 1, n[0][0]) and ids[0][0].tolist() == pre["INPUT_ID"][0].tolist() + text_path["output_token_ids"]
+
+
 def test_tensorrt_llm_streaming_gives_the_new_ids_each_step(server, pre, text_path):
     results, errors = stream_like_nvidia(server.grpc, "tensorrt_llm", trtllm_request(pre, streaming=True), OUT)
     assert errors == [] and len(results) > 1
