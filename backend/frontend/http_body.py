@@ -10,9 +10,9 @@ from aiohttp import web
 
 
 class EdgeError(Exception):
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, param: str | None = None):
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.param = status, message, param  # param: the field it is about
 
 
 def json_depth(value) -> int:
@@ -73,9 +73,13 @@ def parse_json(raw: bytes, max_depth: int):
         raise EdgeError(400, f"the request JSON nests deeper than {max_depth} levels")
     where = lone_surrogate(value) if _SURROGATE_ESCAPE.search(raw) else None
     if where is not None:
-        raise EdgeError(400, f"{where} is not valid Unicode: it holds a lone UTF-16 surrogate (such as \\ud800 "
-                             "without the \\udc00-\\udfff that must follow it)")
+        raise EdgeError(400, surrogate_message(where), where)
     return value
+
+
+def surrogate_message(where: str) -> str:
+    return (f"{where} is not valid Unicode: it holds a lone surrogate (a UTF-16 half such as \\ud800 without "
+            "the \\udc00-\\udfff that must follow it)")
 
 
 async def read_body(request: web.Request, limit: int, timeout_s: float | None = None) -> bytes:

@@ -33,7 +33,7 @@ from typing import Optional
 import numpy as np
 from aiohttp import web
 
-from .http_body import EdgeError
+from .http_body import EdgeError, lone_surrogate, surrogate_message
 from ..wire import ErrorKind, error_kind
 
 log = logging.getLogger("specserve.openai")
@@ -85,31 +85,6 @@ def model_error(message: str, p: Optional[dict] = None) -> ApiError:
     return ApiError(kind.http_status, message, param, code="server_overloaded" if kind.retry else None)
 
 
-def _check_unicode(value, where: str = "") -> None:
-    """A lone surrogate (JSON allows "\\ud800") cannot be encoded as UTF-8 for the engine: 400 naming
-    the first field holding one, keys included."""
-    stack = [(value, where)]
-    while stack:  # depth already bounded by the edge
-        v, path = stack.pop()
-        if isinstance(v, dict):
-            for k, x in v.items():
-                name = f"{path}.{k}" if path else str(k)
-                _check_string(k, name)
-                stack.append((x, name))
-        elif isinstance(v, list):
-            stack.extend((x, f"{path}[{i}]") for i, x in enumerate(v))
-        elif isinstance(v, str):
-            _check_string(v, path)
-
-
-def _check_string(text: str, where: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ApiError(400, f"{where} is not valid Unicode: a lone surrogate "
-                            f"(U+{ord(text[e.start]):04X}) at character {e.start}", where) from None
-
-
 # -- request parsing ---------------------------------------------------------------------------------
 def _number(body, name, lo, hi):
     v = body.get(name)
@@ -138,7 +113,9 @@ def parse_common(body, allowed: set) -> dict:
     stream, include_usage}; ApiError(400) naming the first bad or unsupported field."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    _check_unicode(body)
+    where = lone_surrogate(body)  # (the edge's parse_json finds them in raw bodies first)
+    if where is not None:
+        raise ApiError(400, surrogate_message(where), where)
     for name in body:
         if name not in allowed:
             raise ApiError(400, f"Unrecognized request argument supplied: {name}", name)
@@ -470,7 +447,7 @@ class OpenAIApi:
         try:
             return await self.edge.read_json(request)
         except EdgeError as e:
-            raise ApiError(e.status, e.message) from None
+            raise ApiError(e.status, e.message, e.param) from None
 
     async def models(self, request: web.Request) -> web.Response:
         try:

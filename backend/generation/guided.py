@@ -133,7 +133,11 @@ class GuideCompiler:
 
 class GuideState:
     """One sequence's grammar state. It follows the committed tokens lazily (`sync`: every caller
-    passes the sequence's committed tokens), and answers for drafts without keeping them."""
+    passes the sequence's committed tokens) and answers for drafts on a copy of itself.
+
+    Never `rollback`: in llguidance 1.9.1, tokens consumed after a rollback that no mask computation
+    followed can leave a wrong state (a JSON key's closing `",` allowed where `":` must come:
+    found by test_guided's lossless suite under AdaSpec), and a copy costs under a microsecond."""
 
     def __init__(self, matcher, prompt_len: int, eos_ids, grammar_eos: int, vocab: int, tokenizer=None):
         self.matcher, self.prompt_len, self.vocab, self.tokenizer = matcher, prompt_len, vocab, tokenizer
@@ -158,21 +162,18 @@ class GuideState:
         """Up to `limit` tokens the grammar forces after `tokens`: its fast-forward tokens, else the
         forced bytes' tokenization but its last token, again while it forces."""
         self.sync(tokens)
-        out: List[int] = []
-        while len(out) < limit and not self.matcher.is_stopped():
-            step = list(self.matcher.compute_ff_tokens())
+        probe, out = self.matcher.deep_copy(), []
+        while len(out) < limit and not probe.is_stopped():
+            step = list(probe.compute_ff_tokens())
             if not step and self.tokenizer is not None:
-                forced = self.matcher.compute_ff_bytes()
-                if forced:
-                    text = forced.decode("utf-8", errors="ignore")
-                    ids = list(self.tokenizer(text, add_special_tokens=False).input_ids)[:-1] if text else []
-                    step = ids[: self.matcher.validate_tokens(ids)]  # (the last token may merge with what follows)
-            step = step[: limit - len(out)]
-            if not step or not self.matcher.consume_tokens(step):
+                forced = probe.compute_ff_bytes()
+                text = forced.decode("utf-8", errors="ignore") if forced else ""
+                step = list(self.tokenizer(text, add_special_tokens=False).input_ids)[:-1] if text else []
+                # (the last token may merge with what follows)
+            step = step[: min(limit - len(out), probe.validate_tokens(step) if step else 0)]
+            if not step or not probe.consume_tokens(step):
                 break
             out.extend(step)
-        if out:
-            self.matcher.rollback(len(out))
         return out
 
     def allowed(self, tokens: Sequence[int], drafts: Sequence[int], rows: int) -> torch.Tensor:
@@ -182,24 +183,23 @@ class GuideState:
         self.sync(tokens)
         drafts = [int(d) for d in drafts[: rows - 1]]
         valid = self.matcher.validate_tokens(drafts) if drafts else 0  # consuming a refused token is final
-        masks = [self._mask()]
+        masks = [self._mask(self.matcher)]
+        probe = self.matcher.deep_copy() if valid else None
         for d in drafts[:valid]:
-            self.matcher.consume_token(d)
-            masks.append(self._mask())
-        if valid:
-            self.matcher.rollback(valid)
+            probe.consume_token(d)
+            masks.append(self._mask(probe))
         masks.extend(masks[-1:] * (rows - len(masks)))
         return torch.from_numpy(np.stack(masks))
 
-    def _mask(self) -> np.ndarray:
-        bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
+    def _mask(self, matcher) -> np.ndarray:
+        bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
         mask = bits[: self.vocab].astype(bool)
         if 0 <= self.grammar_eos < self.vocab and mask[self.grammar_eos]:
             mask[self.grammar_eos] = False
             mask[self.eos_ids] = True
         if not mask.any():  # a matcher in error, or a grammar that ended where no end token may be
-            if self.matcher.is_error():  # (end_id -1): end with what ends, never sample from nothing
-                log.error("grammar allows no token (%s); ending the sequence", self.matcher.get_error())
+            if matcher.is_error():  # (end_id -1): end with what ends, never sample from nothing
+                log.error("grammar allows no token (%s); ending the sequence", matcher.get_error())
             mask[self.eos_ids or [self.grammar_eos]] = True
         return mask
 

@@ -4,6 +4,7 @@ served engine: guided greedy output under every policy, alone and in a batch of 
 requests, equals constrained plain decoding token for token, and seeded sampling gives the same
 text whatever the policy drafts (so it samples the constrained distribution, as plain decoding)."""
 import json
+import logging
 import re
 
 import pytest
@@ -49,6 +50,21 @@ def test_each_row_of_a_verified_step_has_the_mask_plain_decoding_would_apply(com
             assert torch.equal(rows[j], alone), (k, j)
             if j < 3:
                 assert rows[j][drafts[j]]  # the document is valid: each of its tokens is allowed
+
+
+def test_the_state_after_drafts_that_were_not_all_committed_is_the_committed_ones(compiler, tokenizer):
+    """Drafts consumed for the masks, then other tokens committed: the state is that of the committed
+    tokens (llguidance 1.9.1's rollback left `{"name` allowing `",` here; GuideState never rolls back)."""
+    ids = tokenizer('[{"name": "Banana", "description": "Banana"}, {"name', add_special_tokens=False).input_ids
+    second = [i for i, t in enumerate(ids) if tokenizer.decode([t]) == "Ban"][1]
+    drafts = tokenizer('Banana", "description": "', add_special_tokens=False).input_ids
+    state = compiler.compile(Guide("json"), 0, frozenset({2}))
+    state.allowed(ids[:second], drafts, len(drafts) + 1)
+    got = state.allowed(ids, (), 1)[0]  # the rest committed in one step
+    assert torch.equal(got, compiler.compile(Guide("json"), 0, frozenset({2})).allowed(ids, (), 1)[0])
+    assert state.forced(ids, 8) == compiler.compile(Guide("json"), 0, frozenset({2})).forced(ids, 8)
+    closing = tokenizer('",', add_special_tokens=False).input_ids
+    assert len(closing) == 1 and not got[closing[0]]  # after `{"name` a key's `":` must come
 
 
 def test_rows_after_a_refused_draft_repeat_the_last_allowed_state(compiler, tokenizer, doc_ids):
@@ -218,9 +234,11 @@ def policy_loop(engine, tokenizer, name, batch):
 
 @pytest.mark.parametrize("batch", [1, 8], ids=["alone", "batch8"])
 @pytest.mark.parametrize("name", sorted(POLICIES) + ["grammar"])
-def test_guided_output_is_lossless_under_every_policy(engine, tokenizer, plain, name, batch):
+def test_guided_output_is_lossless_under_every_policy(engine, tokenizer, plain, name, batch, caplog):
     loop = policy_loop(engine, tokenizer, name, batch)
-    got = outputs(loop)
+    with caplog.at_level(logging.ERROR, logger="specserve.guided"):
+        got = outputs(loop)
+    assert not caplog.records, [r.getMessage() for r in caplog.records]  # a grammar state gone wrong
     differ = [p[:30] for p, a, b in zip([p for p, _ in GUIDED] + UNGUIDED, plain, got) if a != b]
     assert not differ, f"{name}, max_batch {batch}: {len(differ)} outputs differ: {differ}"
     assert not loop.guides, "finished sequences left their grammar state behind"

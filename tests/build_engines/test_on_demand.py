@@ -77,7 +77,7 @@ def test_a_drafter_not_built_is_refused_with_the_command_that_builds_it(tmp_path
     cfg = ServerConfig(drafters="ngram,chat", drafter_dir=str(tmp_path))
     with pytest.raises(ValueError, match="python -m build_engines.on_demand drafters chat"):
         build_drafter("chat", cfg, tmp_path, engine=None)
-    with pytest.raises(ValueError, match="not one of ngram, suffix"):
+    with pytest.raises(ValueError, match="not one of grammar, ngram, suffix"):
         build_drafter("nosuch", cfg, tmp_path, engine=None)
 
 
