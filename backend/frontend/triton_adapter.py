@@ -24,6 +24,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from .metrics import MetricsPublisher, RequestLog
+from .triton_forward import model_config
 from ..generation.guided import Guide
 from ..generation import word_lists
 from ..generation.logits_processors import Penalties
@@ -470,11 +471,7 @@ class DrainWatcher:
 
 class TritonPythonModel:
     def initialize(self, args):
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        model_config = json.loads(args["model_config"])
-        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
-            raise pb_utils.TritonModelException("this model must be decoupled (model_transaction_policy)")
-        params = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+        _, params = model_config(args, True, "this model must be decoupled (model_transaction_policy)")
         self.root = Path(params.pop("project_root", "") or Path(__file__).resolve().parents[2])
         self.cfg = ServerConfig.load(params)
         log.info("config: %s", self.cfg)

@@ -45,6 +45,16 @@ def error_code(code, message: str):
     return getattr(pb_utils.TritonError, kind.triton_code)
 
 
+def model_config(args, decoupled: bool, why: str) -> tuple:
+    """A Python model's (config, string parameters) at initialize, logging set up and its transaction
+    policy checked (TritonModelException(why) if it is not `decoupled`)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = json.loads(args["model_config"])
+    if bool(pb_utils.using_decoupled_model_transaction_policy(config)) != decoupled:
+        raise pb_utils.TritonModelException(why)
+    return config, {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+
+
 def _flag(tensor) -> bool:
     return tensor is not None and tensor.size > 0 and bool(tensor.reshape(-1)[0])
 
@@ -119,11 +129,7 @@ def request_id(request):
 
 class TritonPythonModel:
     def initialize(self, args):
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        config = json.loads(args["model_config"])
-        if pb_utils.using_decoupled_model_transaction_policy(config):
-            raise pb_utils.TritonModelException("this model must not be decoupled: it answers once per request")
-        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        config, params = model_config(args, False, "this model must not be decoupled: it answers once per request")
         self.target = params.get("forward_to") or "llm"
         # llm's `stream` is forced on (its step texts are joined); tensorrt_llm's `streaming` off (its
         # one response, token ids with the prompt's in front unless excluded, is passed on)

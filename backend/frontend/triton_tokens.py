@@ -20,7 +20,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from . import token_models
-from .triton_forward import error_code, request_id
+from .triton_forward import error_code, model_config, request_id
 from ..generation.request import RequestError
 from ..server_config import ServerConfig
 from ..wire import REQUEST_ID, ErrorKind
@@ -91,11 +91,7 @@ class Postprocessing(_TokenizerModel):
 
 class TokenForward:
     def initialize(self, args):
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        config = json.loads(args["model_config"])
-        if not pb_utils.using_decoupled_model_transaction_policy(config):
-            raise pb_utils.TritonModelException("this model must be decoupled: it streams llm's responses")
-        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        config, params = model_config(args, True, "this model must be decoupled: it streams llm's responses")
         self.target = params.get("forward_to") or "llm"
         self.output_names = [o["name"] for o in config["output"]]
 
