@@ -1,6 +1,6 @@
 """The HTTP edge: the one HTTP port clients reach; Triton's own HTTP listens behind it on a
-private loopback port (started by backend/frontend/launcher.py), every API of it closed to requests
-without the per-start key the edge adds (INTERNAL_HEADER).
+Unix socket no other local user can reach (started by backend/frontend/launcher.py), every API
+of it closed to requests without the per-start key the edge adds (INTERNAL_HEADER).
 
 Triton 2.51's HTTP front end has no request-size or nesting limit, and dies (SIGSEGV) on some
 bodies of about 4 MiB and on JSON nested 40,000 deep (issue 20), and it answers 500 for
@@ -42,7 +42,7 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, UnixConnector, web
 
 from .http_body import EdgeError, parse_json, read_body
 from .metrics import EdgeRefusals
@@ -217,13 +217,15 @@ class Edge:
                  admin_key: Optional[str] = None, upstream_admin_key: Optional[str] = None,
                  internal_key: Optional[str] = None, cancel_dir: Optional[str] = None,
                  refusals_file: Optional[str] = None, read_timeout_s: float = READ_TIMEOUT_S):
-        self.upstream = upstream.rstrip("/")  # e.g. http://127.0.0.1:18000
+        # Triton's HTTP: "unix:<socket path>" (what the launcher gives) or a base URL
+        self.upstream_socket = upstream[len("unix:"):] if upstream.startswith("unix:") else None
+        self.upstream = "http://triton" if self.upstream_socket else upstream.rstrip("/")
         # what is refused here never reaches Triton's or the model's counters (backend/frontend/metrics.py)
         self.refusals = EdgeRefusals(refusals_file)
         # Set when shutdown begins: every new request gets 503 (readiness too), in-flight ones go on.
         self.draining = draining
         # The client's ADMIN_HEADER is checked here against admin_key and never passed on; Triton
-        # (behind, on loopback) gets upstream_admin_key instead, so the admin key never appears on
+        # (behind, on its private socket) gets upstream_admin_key instead, so the admin key never appears on
         # any command line (backend/frontend/launcher.py).
         self.admin_key, self.upstream_admin_key = admin_key, upstream_admin_key
         # added to every request forwarded: Triton's other APIs are closed without it
@@ -275,7 +277,8 @@ class Edge:
     async def _open(self, app) -> None:
         # skip_auto_headers: no Accept-Encoding the client did not send, or Triton gzips /infer
         # responses for clients that cannot read them (perf_analyzer -i http, curl).
-        self.session = ClientSession(connector=TCPConnector(limit=0), auto_decompress=False,
+        connector = UnixConnector(self.upstream_socket, limit=0) if self.upstream_socket else TCPConnector(limit=0)
+        self.session = ClientSession(connector=connector, auto_decompress=False,
                                      timeout=ClientTimeout(total=None, sock_connect=5),
                                      skip_auto_headers=("Accept-Encoding",))
 

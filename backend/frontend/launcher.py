@@ -5,13 +5,14 @@
 Used by scripts/serve.sh and by the integration tests (`start_server`). This process stays
 as the server's supervisor and HTTP edge (backend/frontend/edge.py): clients' HTTP reaches the edge on
 --http-port, which enforces the body-size and nesting limits and forwards to Triton's own
-HTTP on a private loopback port. gRPC and metrics are Triton's. Model control, the
+HTTP on a Unix socket in this process's private directory (mode 0700: no other local user can
+connect to it). gRPC and metrics are Triton's. Model control, the
 repository index, shared-memory registration, logging and trace settings are restricted
 over HTTP to requests carrying the header `specserve-admin-key: $SPECSERVE_ADMIN_KEY` (checked
 by the edge, which passes Triton a per-start internal key instead; unset: nobody) and closed on
 gRPC, so the admin key is on no command line. Every other HTTP API of Triton needs a second
-per-start key (`specserve-internal-key`), which the edge adds to what it forwards: a local client
-that finds Triton's private port gets 403. Neither key nor that port is on Triton's command line
+per-start key (`specserve-internal-key`), which the edge adds to what it forwards: a process of
+this same user that finds Triton's socket gets 403. Neither key nor that socket is on Triton's command line
 (readable by every local user in /proc): they reach it in the environment, through a small
 preloaded library (argv_env.c). The edge marks requests whose HTTP client left in
 SPECSERVE_CANCEL_DIR (a directory of this process's, removed at exit), which the model polls.
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import os
 import re
 import secrets
@@ -58,7 +60,6 @@ class Ports:
     http: int = 8000  # what clients reach: the edge (backend/frontend/edge.py)
     grpc: int = 8001
     metrics: int = 8002
-    triton_http: int = 0  # Triton's own HTTP behind the edge; 0 = Triton serves `http` itself (no edge)
 
 
 RESTRICTED = "model-repository,shared-memory,logging,trace"  # Triton's API / protocol group names
@@ -72,6 +73,7 @@ DRAIN_S = float(os.environ.get("SPECSERVE_DRAIN_SECONDS") or 10)  # in-flight re
 MAX_RESTARTS = int(os.environ.get("SPECSERVE_MAX_RESTARTS") or 0)  # >0: give up after that many within the window
 RESTART_WINDOW_S = 600.0
 RESTART_BACKOFF_MAX_S = 30
+UNIX_PATH_MAX = 107  # sun_path's 108 bytes, less the terminating NUL
 STUB = "triton_python_backend_stub"
 SHM_PREFIX = "triton_python_backend_shm_region_"
 
@@ -92,15 +94,16 @@ def _arg(name: str) -> str:
 
 
 def server_command(model_repository: Path, ports: Ports, log_verbose: int = 0, bind: str = "127.0.0.1") -> list:
-    """Triton's command line. Its HTTP stays on loopback (the edge's upstream); gRPC and metrics
-    listen on `bind`. This line is readable in /proc by every local user: the private HTTP port
-    and the keys of its HTTP APIs are placeholders filled in from the environment
-    (server_secrets, argv_env.c)."""
+    """Triton's command line. Its HTTP listens on a Unix socket in the supervisor's own directory
+    (mode 0700): the edge reaches it, no other local user can (Triton 2.51 dies on some 4 MiB
+    bodies before any key is checked). gRPC and metrics listen on `bind`. This line is readable in
+    /proc by every local user: the socket's path and the keys of its HTTP APIs are placeholders
+    filled in from the environment (server_secrets, argv_env.c)."""
     binary = TRITON / "pytriton" / "tritonserver" / "bin" / "tritonserver"
     if not binary.exists():
         raise FileNotFoundError(f"{binary} missing: run scripts/setup.sh first")
     return [str(binary), f"--model-repository={model_repository}", f"--backend-directory={TRITON / 'backends'}",
-            "--http-address=127.0.0.1", f"--http-port={_arg('HTTP_PORT')}",
+            f"--http-address=unix:{_arg('HTTP_SOCKET')}", "--http-port=0",  # libevhtp binds "unix:<path>"
             f"--grpc-address={bind}", f"--grpc-port={ports.grpc}",
             f"--metrics-address={bind}", f"--metrics-port={ports.metrics}",
             f"--http-restricted-api={RESTRICTED}:{ADMIN_HEADER}={_arg('ADMIN_KEY')}",
@@ -124,10 +127,31 @@ class UpstreamKeys:
         return cls(secrets.token_urlsafe(24), secrets.token_urlsafe(24))
 
 
-def server_secrets(ports: Ports, keys: UpstreamKeys) -> dict:
+def server_secrets(http_socket: Path, keys: UpstreamKeys) -> dict:
     """The values of server_command's placeholders, as environment variables."""
-    return {f"{ARG_PREFIX}HTTP_PORT": str(ports.triton_http or ports.http), f"{ARG_PREFIX}ADMIN_KEY": keys.admin,
+    return {f"{ARG_PREFIX}HTTP_SOCKET": str(http_socket), f"{ARG_PREFIX}ADMIN_KEY": keys.admin,
             f"{ARG_PREFIX}INTERNAL_KEY": keys.internal}
+
+
+def private_socket_path(directory: Path) -> Path:
+    """Where Triton's HTTP listens: in `directory`, which only this user can enter."""
+    path = directory / "triton-http.sock"
+    if len(str(path).encode()) > UNIX_PATH_MAX:
+        raise ValueError(f"{path} is too long for a Unix socket ({UNIX_PATH_MAX} bytes at most): set TMPDIR shorter")
+    return path
+
+
+def unix_http_status(socket_path: Path, path: str, headers: dict | None = None, timeout_s: float = 2.0) -> int:
+    """The status of GET `path` on the HTTP server at `socket_path` (OSError if unreachable)."""
+    conn = http.client.HTTPConnection("triton", timeout=timeout_s)
+    conn.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.sock.settimeout(timeout_s)
+        conn.sock.connect(str(socket_path))
+        conn.request("GET", path, headers=headers or {})
+        return conn.getresponse().status
+    finally:
+        conn.close()
 
 
 def argv_env_library(directory: Path) -> Path | None:
@@ -372,7 +396,8 @@ class Supervisor:
                                "SPECSERVE_CANCEL_DIR": str(self.cancel_dir),
                                "SPECSERVE_EDGE_REFUSALS": str(self.refusals_file)})
         self.env.pop("SPECSERVE_ADMIN_KEY", None)  # Triton needs none of it
-        values = server_secrets(ports, self.keys)
+        self.http_socket = private_socket_path(self.workdir)  # mkdtemp: mode 0700
+        values = server_secrets(self.http_socket, self.keys)
         library = argv_env_library(self.workdir)
         if library is None:
             print("warning: no C compiler to build backend/frontend/argv_env.c: Triton's private HTTP port and "
@@ -387,6 +412,7 @@ class Supervisor:
     def _start(self) -> subprocess.Popen:
         # From the main thread (PR_SET_PDEATHSIG follows the forking thread), in a process group
         # of its own: a terminal's Ctrl-C reaches only this supervisor, which drains first.
+        self.http_socket.unlink(missing_ok=True)  # a dead Triton's socket: Triton would not bind over it
         self.proc = subprocess.Popen(self.cmd, env=self.env, preexec_fn=_die_with_parent, process_group=0)
         return self.proc
 
@@ -404,10 +430,7 @@ class Supervisor:
 
     def _ready(self) -> bool:
         try:
-            req = urllib.request.Request(f"http://127.0.0.1:{self.ports.triton_http}/v2/health/ready",
-                                         headers={INTERNAL_HEADER: self.keys.internal})
-            with urllib.request.urlopen(req, timeout=2) as r:
-                return r.status == 200
+            return unix_http_status(self.http_socket, "/v2/health/ready", {INTERNAL_HEADER: self.keys.internal}) == 200
         except OSError:
             return False
 
@@ -472,7 +495,7 @@ class Supervisor:
             loop.add_signal_handler(sig, on_signal, sig)
         self._start()
         edge_task = asyncio.create_task(edge.serve(
-            self.bind, self.ports.http, f"http://127.0.0.1:{self.ports.triton_http}", edge_stop,
+            self.bind, self.ports.http, f"unix:{self.http_socket}", edge_stop,
             shutdown_timeout=EXIT_TIMEOUT_S + 2, grpc_upstream=f"127.0.0.1:{self.ports.grpc}", draining=draining,
             admin_key=self.admin_key, upstream_admin_key=self.keys.admin, internal_key=self.keys.internal,
             cancel_dir=str(self.cancel_dir), refusals_file=str(self.refusals_file),
@@ -594,7 +617,7 @@ def main(argv=None) -> int:
     for message in unknown_env():  # a misspelt setting would otherwise be silently ignored
         print(message, flush=True)
     build_what_is_served(args.model_repository)
-    ports = Ports(args.http_port, args.grpc_port, args.metrics_port, triton_http=free_port())
+    ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
     if stop_orphan_servers(ports):
         print("stopped a tritonserver a killed launcher left on these ports", flush=True)
     if reap_stubs():

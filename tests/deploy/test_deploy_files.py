@@ -452,11 +452,11 @@ def test_gpu_image_serves_through_the_launcher_with_the_images_own_triton(tmp_pa
         (tmp_path / link).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / link).symlink_to(tmp_path / target.lstrip("/"))
     monkeypatch.setattr(launcher, "TRITON", triton)
-    cmd = launcher.server_command(Path("/m"), launcher.Ports(8000, 8001, 8002, triton_http=18000), bind="0.0.0.0")
+    cmd = launcher.server_command(Path("/m"), launcher.Ports(8000, 8001, 8002), bind="0.0.0.0")
     assert Path(cmd[0]).resolve() == (opt / "bin" / "tritonserver").resolve()
     backends = next(a for a in cmd if a.startswith("--backend-directory=")).split("=", 1)[1]
     assert Path(backends).resolve() == (opt / "backends").resolve()
-    assert "--http-address=127.0.0.1" in cmd and "--grpc-address=0.0.0.0" in cmd
+    assert "--http-address=unix:@SPECSERVE_ARG_HTTP_SOCKET@" in cmd and "--grpc-address=0.0.0.0" in cmd
 
 
 def test_cpu_image_installs_like_setup_sh():
@@ -518,12 +518,12 @@ def test_entrypoint_serves_through_the_launcher_on_all_interfaces(entrypoint, mo
     args = {a.split("=")[0] for a in cmd[3:]}
     src = Path(launcher.__file__).read_text()
     assert all(f'"{a}"' in src for a in args), args
-    # and its Triton keeps HTTP on loopback (behind the edge) while gRPC and metrics follow --bind-address
-    tcmd = launcher.server_command(Path("/m"), launcher.Ports(8000, 8001, 8002, triton_http=18000), bind="0.0.0.0") \
+    # and its Triton keeps HTTP on a private Unix socket (behind the edge) while gRPC and metrics follow --bind-address
+    tcmd = launcher.server_command(Path("/m"), launcher.Ports(8000, 8001, 8002), bind="0.0.0.0") \
         if (launcher.TRITON / "pytriton").exists() else None
     if tcmd is not None:
-        assert "--http-address=127.0.0.1" in tcmd and "--grpc-address=0.0.0.0" in tcmd
-        assert "--metrics-address=0.0.0.0" in tcmd and "--http-port=@SPECSERVE_ARG_HTTP_PORT@" in tcmd
+        assert "--http-address=unix:@SPECSERVE_ARG_HTTP_SOCKET@" in tcmd and "--grpc-address=0.0.0.0" in tcmd
+        assert "--metrics-address=0.0.0.0" in tcmd
 
 
 class _Health(http.server.BaseHTTPRequestHandler):

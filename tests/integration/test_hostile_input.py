@@ -8,9 +8,11 @@ Triton 2.51 (SIGSEGV), so those cases fail.
 """
 import http.client
 import json
+import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -394,18 +396,57 @@ def test_stalled_clients_are_dropped(hostile):
     assert healthy(hostile)
 
 
-def test_tritons_private_http_is_closed_to_local_clients(hostile):
-    """A local client that finds Triton's private port gets 403 for every API without the edge's
-    key: before its body is parsed, so the 40,000-deep JSON that kills Triton 2.51 is refused.
-    (A 4 MiB body still kills it before any check: the launcher restarts it, README "Limits".)"""
-    port = int(re.findall(r"Started HTTPService at 127\.0\.0\.1:(\d+)", hostile.log_path.read_text())[-1])
-    for method, path, body in [("GET", "/v2/health/ready", None), ("GET", "/v2/models/llm/config", None),
-                               ("POST", GEN, deep(40000)), ("POST", UNARY, infer())]:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+def unix_request(sock_path: str, method: str, path: str, body=None, timeout=30):
+    """(status, body) of one HTTP request to the server listening on the Unix socket `sock_path`."""
+    c = http.client.HTTPConnection("triton", timeout=timeout)
+    c.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.sock.settimeout(timeout)
+    try:
+        c.sock.connect(sock_path)
         c.request(method, path, body=body)
         r = c.getresponse()
-        assert r.status == 403 and b"restricted" in r.read(), path
+        return r.status, r.read()
+    finally:
         c.close()
+
+
+def connect_as(uid: int, sock_path: str) -> str:
+    """What connecting to `sock_path` gives a process of user `uid`: 'connected' or the error's name."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child only makes system calls, then leaves without any cleanup
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(sock_path)
+            answer = "connected"
+        except OSError as e:
+            answer = type(e).__name__
+        os.write(write_end, answer.encode())
+        os._exit(0)
+    os.close(write_end)
+    answer = os.read(read_end, 100).decode()
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    return answer
+
+
+def test_tritons_private_http_is_closed_to_local_clients(hostile):
+    """Triton's HTTP (which dies on some 4 MiB bodies before any check) listens on no TCP port, only
+    on a Unix socket in a directory of mode 0700: another local user cannot connect at all, and a
+    process of this same user gets 403 for every API without the edge's key, before its body is
+    parsed (so the 40,000-deep JSON that kills Triton 2.51 is refused too)."""
+    sock_path = re.findall(r"Started HTTPService at unix:(\S+):0", hostile.log_path.read_text())[-1]
+    assert not re.search(r"Started HTTPService at \d", hostile.log_path.read_text())
+    directory = os.stat(os.path.dirname(sock_path))
+    assert stat.S_IMODE(directory.st_mode) == 0o700 and directory.st_uid == os.getuid()
+    if os.getuid() == 0:  # can act as another user: show it is refused
+        assert connect_as(65534, sock_path) == "PermissionError"
+    for method, path, body in [("GET", "/v2/health/ready", None), ("GET", "/v2/models/llm/config", None),
+                               ("POST", GEN, deep(40000)), ("POST", UNARY, infer())]:
+        status, text = unix_request(sock_path, method, path, body)
+        assert status == 403 and b"restricted" in text, path
     assert healthy(hostile)
 
 

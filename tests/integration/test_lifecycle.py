@@ -237,7 +237,7 @@ def test_restarts_never_give_up_by_default(tmp_path):
     import shutil
 
     for max_restarts, delays in [(0, [1, 2, 4, 8, 16, 30, 30, 30]), (2, [1, 2, None])]:
-        sup = Supervisor([], Ports(1, 2, 3, 4), 1 << 20, 32, max_restarts=max_restarts)
+        sup = Supervisor([], Ports(1, 2, 3), 1 << 20, 32, max_restarts=max_restarts)
         shutil.rmtree(sup.workdir)
         assert [sup._restart_delay() for _ in delays] == delays
 
@@ -255,14 +255,15 @@ def test_argv_env_fills_placeholders_that_ps_does_not_show(tmp_path):
 
 
 def test_admin_key_is_on_no_command_line(log_path):
-    """Nor Triton's internal keys or its private HTTP port (read from its log here)."""
+    """Nor Triton's internal keys or its private HTTP socket (read from its log here)."""
     key = "adm1n-" + os.urandom(8).hex()
     with open(log_path, "w") as log:
         proc, ports = start_server(env=dict(ENV, SPECSERVE_ADMIN_KEY=key), log_file=log)
     try:
-        private = re.findall(r"Started HTTPService at 127\.0\.0\.1:(\d+)", log_path.read_text())[-1]
+        private = re.findall(r"Started HTTPService at unix:(\S+):0", log_path.read_text())[-1]
         triton = _argv(triton_pid(proc.pid))
-        assert "--http-port=@SPECSERVE_ARG_HTTP_PORT@" in triton and not any(private in a for a in triton), triton
+        assert "--http-address=unix:@SPECSERVE_ARG_HTTP_SOCKET@" in triton and not any(private in a for a in triton), \
+            triton
         assert any(a.endswith("specserve-internal-key=@SPECSERVE_ARG_INTERNAL_KEY@") for a in triton), triton
         for d in Path("/proc").iterdir():
             if d.name.isdigit():
