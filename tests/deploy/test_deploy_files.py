@@ -357,7 +357,7 @@ def test_gpu_requirements_add_the_edge_and_pin_nothing_the_image_ships():
     assert not names & image_owned
     lines = {ln.split("#")[0].strip() for ln in req.read_text().splitlines()} - {""}
     # the launcher's additions are bounded ranges (the image may already carry them: kept as they are)
-    assert {"aiohttp>=3.9,<4", "tritonclient[grpc]>=2.51,<3", "protobuf>=4.21,<7", "llguidance>=1.0,<2"} <= lines
+    assert {"aiohttp>=3.9,<4", "tritonclient[grpc]>=2.51,<3", "protobuf>=4.21,<7", "llguidance>=0.7.29,<2"} <= lines
     # the test runner: the same pins as the project's own
     project = {ln.split("==")[0]: ln.split("#")[0].strip() for ln in (ROOT / "requirements.txt").read_text().splitlines()
                if "==" in ln}

@@ -11,6 +11,7 @@ Upstream (release/1.2 line, read for this adapter; file and line in upstream_api
   tensorrt_llm._torch.pyexecutor.llm_request.LlmRequestState GENERATION_COMPLETE
   tensorrt_llm._torch.pyexecutor.resource_manager.ResourceManagerType  KV_CACHE_MANAGER
   tensorrt_llm.LLM, tensorrt_llm.SamplingParams              the LLM API (PyTorch backend)
+  tensorrt_llm.sampling_params.GuidedDecodingParams          structured output (SamplingParams.guided_decoding)
   tensorrt_llm.llmapi.UserProvidedDecodingConfig, KvCacheConfig
 """
 from __future__ import annotations
@@ -75,6 +76,12 @@ def llm_class() -> type:
 
 def sampling_params_class() -> type:
     return _get("tensorrt_llm", "SamplingParams")
+
+
+def guided_decoding_params_class() -> type:
+    """`GuidedDecodingParams(json=, regex=, grammar=, json_object=, structural_tag=)`: one guide a
+    request (SamplingParams.guided_decoding)."""
+    return _get("tensorrt_llm.sampling_params", "GuidedDecodingParams")
 
 
 def user_provided_decoding_config() -> type:

@@ -33,7 +33,8 @@ What `prepare_draft_tokens` reads and sets:
           (temperature / top_k / top_p), `state`; the KV cache manager's
           `get_kv_cache_stats()` (`free_num_blocks`, `max_num_blocks`);
   runs    `policy.external.IterationDrafter.step`: asks the policy for (drafter, gamma)
-          per request and drafts with our drafters;
+          per request and drafts with our drafters, cut where a guided request's grammar
+          (`guided_decoding_params`, followed by guides.RequestGuides) refuses them;
   sets    `request.py_draft_tokens` = the draft (0..N tokens; shorter drafts are padded
           with token 0, which the target accepts only where it predicts 0: still lossless).
 The waiting requests the policy sees are the serving layer's count (`in_flight`, set by
@@ -165,6 +166,7 @@ class AdaptiveDrafterLogic:
         self._lock = threading.Lock()
         self._stats: "collections.OrderedDict[int, List[int]]" = collections.OrderedDict()  # id -> [drafted, accepted]
         self._client_ids: Dict[int, int] = {}  # LLM API request id (client id) -> executor request id
+        self.guides = None  # guides.RequestGuides when structured output is served (guides.bind)
         spec = iteration_drafter.spec
         spec.on_outcome = _Tee(self._count, spec.on_outcome)
 
@@ -221,6 +223,8 @@ class AdaptiveDrafterLogic:
             client = getattr(r, "py_client_id", None)
             if client is not None:
                 self._client_ids[int(client)] = g.request_id
+        if self.guides is not None:  # the guided requests' grammars, for the speculator's trim and the grammar drafter
+            self.guides.follow(requests)
         free, total, per_block = kv_blocks(resource_manager)
         n_context = len(scheduled_requests.context_requests)
         self.last = Iteration(n_context, len(requests), free, total, per_block, time.monotonic())

@@ -6,6 +6,7 @@ reads it (or the file `trtllm_config` names). Its form is that of trtllm-serve's
 model: keys are `tensorrt_llm.LLM(...)` arguments, nested configs as mappings, e.g.
 
     backend: pytorch
+    guided_decoding_backend: llguidance
     max_batch_size: 32
     max_seq_len: 2048
     tensor_parallel_size: 1
@@ -38,8 +39,11 @@ MANIFEST = Path("trtllm") / "manifest.json"
 SERVER_ONLY = ("model", "speculative_config")
 # Values the adapter needs (why: docs/trtllm.md); the file may repeat them, not change them.
 REQUIRED = {"backend": "pytorch",  # the user drafter hook exists only in the PyTorch backend
-            "skip_tokenizer_init": True,  # we tokenize and detokenize, as on the CPU
             "disable_overlap_scheduler": True}  # acceptance is read from tokens committed since the last iteration
+# Structured output: TensorRT-LLM masks with llguidance (guides.py); its guided decoder needs its
+# tokenizer (1.2 asserts one), though we still tokenize and detokenize ourselves. A file may set
+# `guided_decoding_backend: null` (structured output then refused) and `skip_tokenizer_init: true`.
+GUIDED = {"guided_decoding_backend": "llguidance", "skip_tokenizer_init": False}
 # LLM argument -> the ServerConfig key it must equal.
 FROM_SERVER_CONFIG = {"max_batch_size": "max_batch", "max_seq_len": "max_context",
                       "tensor_parallel_size": "tensor_parallel_size"}
@@ -66,7 +70,7 @@ def default_settings(cfg: ServerConfig, checkpoint: Path, *,
                      enable_block_reuse: bool = True) -> dict:
     """The LLM arguments our config implies. The KV cache holds what ours would (TensorRT-LLM takes
     the smaller of max_tokens and the memory fraction); iteration statistics are on."""
-    return {**REQUIRED,
+    return {**REQUIRED, **GUIDED,
             "max_batch_size": cfg.max_batch, "max_seq_len": cfg.max_context,
             "tensor_parallel_size": cfg.tensor_parallel_size, "enable_iter_perf_stats": True,
             "kv_cache_config": {"free_gpu_memory_fraction": free_gpu_memory_fraction,
@@ -84,6 +88,13 @@ def load(path: Path) -> dict:
     wrong = {k: data[k] for k, v in REQUIRED.items() if k in data and data[k] != v}
     if wrong:
         raise ValueError(f"{path}: {wrong} would break the adapter; it needs {REQUIRED} (docs/trtllm.md)")
+    backend = data.get("guided_decoding_backend", GUIDED["guided_decoding_backend"])
+    if backend not in (None, GUIDED["guided_decoding_backend"]):
+        raise ValueError(f"{path}: guided_decoding_backend {backend!r}: only llguidance (or null: no structured "
+                         f"output) is served; our drafts and JSON layout follow llguidance's grammar (docs/trtllm.md)")
+    if backend is not None and data.get("skip_tokenizer_init"):
+        raise ValueError(f"{path}: skip_tokenizer_init: true leaves TensorRT-LLM's guided decoder without the "
+                         f"tokenizer it needs; set guided_decoding_backend: null as well, or drop it")
     if not isinstance(data.get("kv_cache_config", {}), dict):
         raise ValueError(f"{path}: kv_cache_config must be a mapping of KvCacheConfig fields")
     return data

@@ -36,12 +36,13 @@ from policy.speculator import Speculator
 from policy.types import StepOutcome
 
 from ...generation.detokenizer import IncrementalDetokenizer
-from ...loop.stats import LoopStats
+from ...generation.guided import guide_problem
 from ...generation.request import GenerationRequest, Limits, RequestError, admit, prompt_ids
 from ...generation.sequence import Sequence
+from ...loop.stats import LoopStats
 from ...server_config import ServerConfig
 from ...wire import ErrorKind
-from . import _api, llm_config
+from . import _api, guides, llm_config
 from .drafter import _Tee, adaptive_drafter_class
 from .gpu_drafters import MemorySpeculator, Placement, load_gpu_drafter
 from .observe import KvPool, ServiceStats, running_and_waiting
@@ -105,6 +106,8 @@ def build_llm(cfg: ServerConfig, root: Path, *, speculator: Optional[Speculator]
     if tp > 1:
         check_tensor_parallel(cfg, spec)
     drafter = adaptive_drafter_class()(IterationDrafter(spec, max_draft_len=max_draft_len), max_draft_len)
+    if settings.get("guided_decoding_backend") == guides.BACKEND:  # structured output served (guides.py)
+        guides.bind(drafter, guides.RequestGuides(ckpt))
     if single_process:
         os.environ.setdefault("TLLM_WORKER_USE_SINGLE_PROCESS", "1")
     else:  # TensorRT-LLM pickles the speculative config to its worker process(es)
@@ -130,7 +133,8 @@ def build_llm(cfg: ServerConfig, root: Path, *, speculator: Optional[Speculator]
 
 def sampling_params(req: GenerationRequest, end_id: int):
     """Our request as TensorRT-LLM SamplingParams. Greedy is top_k=1; stop words are ours
-    (matched on our detokenized text), so none are passed; TensorRT-LLM does not detokenize."""
+    (matched on our detokenized text), so none are passed; TensorRT-LLM does not detokenize.
+    A guide becomes TensorRT-LLM's guided decoding (guides.py)."""
     s = req.sampling
     kw: Dict[str, Any] = dict(max_tokens=req.max_tokens, end_id=end_id, pad_id=end_id, seed=req.seed,
                               detokenize=False)
@@ -138,6 +142,8 @@ def sampling_params(req: GenerationRequest, end_id: int):
         kw["top_k"] = 1
     else:
         kw.update(temperature=s.temperature, top_k=s.top_k or None, top_p=s.top_p)
+    if req.guide is not None:
+        kw["guided_decoding"] = _api.guided_decoding_params_class()(**guides.guided_decoding_fields(req.guide))
     return _api.sampling_params_class()(**kw)
 
 
@@ -263,8 +269,13 @@ class TrtllmService:
     def submit(self, req: GenerationRequest, sink) -> int:
         """Admit (backend/request.admit: ShuttingDown, Overloaded or RequestError if refused) and
         start serving."""
-        if req.guide is not None:  # TensorRT-LLM's own guided decoding is not wired in (docs/trtllm.md)
-            raise RequestError("structured output (guided decoding) is not served on the trtllm engine yet")
+        if req.guide is not None:  # TensorRT-LLM masks with the grammar; ours only cuts and proposes drafts
+            if self.drafter.guides is None:
+                raise RequestError("structured output is off on this server: its TensorRT-LLM settings have "
+                                   "guided_decoding_backend null (docs/trtllm.md)")
+            problem = guide_problem(req.guide)
+            if problem:
+                raise RequestError(problem)
         a = admit(req, self.tok, self.limits, self.vocab, self.default_eos, draining=self._draining,
                   queue_depth=self.queue_depth, max_queue=self.max_queue)
         if req.bad_words_ids:  # our logits processors run in our loop only

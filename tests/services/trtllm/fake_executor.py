@@ -15,6 +15,13 @@ One iteration (`step`), as PyExecutor._executor_loop with disable_overlap_schedu
      drafter.pad_draft_tokens_for_cuda_graph(batch) (drafter.py: pads to the static length).
   4. one forward over context chunks and generation requests (1 + len(py_draft_tokens) each;
      model_engine.py: runtime_draft_len is the static length or 0).
+  4b. guided decoding (guided_decoder.py, GuidedDecoder._build with the llguidance matcher factory
+     of grammar_matcher.py), for requests with guided_decoding_params when a tokenizer is given:
+     row 0 of a request is masked with its grammar after the committed tokens, row i after the
+     drafts before it while the grammar accepts them; rows after a refused draft (or after the
+     grammar's end) are not masked. Upstream advances one matcher and rolls it back after
+     verification; here the matcher follows the committed tokens and drafts go on a copy (the
+     same masks).
   5. sampling (sampler.py, index id 9889077999, no draft logits: _process_draft_tokens_greedy):
      the target's token at every verified position is its argmax (greedy) or a sample from
      softmax(logits / T) after top-k (a seeded generator per request); drafts are accepted while
@@ -76,7 +83,7 @@ class IterationRecord:
 
 class FakePyExecutor:
     def __init__(self, engine, drafter, max_draft_len: int, *, tokens_per_block: int = 8, dummy: bool = False,
-                 chunk: Optional[int] = None, max_num_tokens: int = 8192):
+                 chunk: Optional[int] = None, max_num_tokens: int = 8192, tokenizer=None):
         from tensorrt_llm import _fake
         from tensorrt_llm._torch.pyexecutor import llm_request, resource_manager, scheduler
 
@@ -94,15 +101,17 @@ class FakePyExecutor:
         self.iterations: List[IterationRecord] = []
         self.kv_reported: List[tuple] = []
         self.drafted = self.accepted = 0
+        self.guided = FakeGuidedDecoder(tokenizer, engine) if tokenizer is not None else None
 
     # -- requests ---------------------------------------------------------------------------------
     def add_request(self, prompt_ids, max_new: int, end_id: Optional[int] = None, client_id: Optional[int] = None,
                     temperature: Optional[float] = None, top_k: Optional[int] = None,
-                    seed: Optional[int] = None) -> int:
+                    seed: Optional[int] = None, guide=None) -> int:
         """Queue a request; its client id (the LLM API's request id) is returned."""
         cid = next(self._client_ids) if client_id is None else client_id
         q = self._req.LlmRequest(next(self._request_ids), list(prompt_ids), max_new,
-                                 self._req.SamplingConfig(temperature, top_k), client_id=cid)
+                                 self._req.SamplingConfig(temperature, top_k), client_id=cid,
+                                 end_id=-1 if end_id is None else end_id, guided_decoding_params=guide)
         greedy = top_k == 1 or not temperature
         gen = None if greedy else torch.Generator().manual_seed(cid if seed is None else seed)
         self.waiting.append(Running(cid, q, len(prompt_ids), max_new, end_id, 0.0 if greedy else float(temperature),
@@ -111,9 +120,10 @@ class FakePyExecutor:
 
     def submit(self, prompt_ids, sampling_params) -> int:
         """From the fake LLM.generate_async."""
+        from tensorrt_llm.sampling_params import executor_guide
         return self.add_request(prompt_ids, sampling_params.max_tokens, end_id=sampling_params.end_id,
                                 top_k=sampling_params.top_k, temperature=sampling_params.temperature,
-                                seed=sampling_params.seed)
+                                seed=sampling_params.seed, guide=executor_guide(sampling_params))
 
     def abort(self, client_id: int) -> None:
         """LLM API abort -> executor cancel_request: acted on at the end of the next iteration."""
@@ -234,11 +244,11 @@ class FakePyExecutor:
             r.prefilled += len(inp)
             if rw:  # the prompt's last chunk: the first token, and the request starts generating
                 r.request.state = self._req.LlmRequestState.GENERATION_IN_PROGRESS
-                self._commit(r, self._targets(r, logits[at: at + 1]))
+                self._commit(r, self._targets(r, self._guide(r, logits[at: at + 1], [])))
             at += len(rw)
         for r in generation:
             draft = list(r.request.py_draft_tokens)
-            target = self._targets(r, logits[at: at + 1 + len(draft)])
+            target = self._targets(r, self._guide(r, logits[at: at + 1 + len(draft)], draft))
             at += 1 + len(draft)
             k = 0
             while k < len(draft) and draft[k] == target[k]:
@@ -247,6 +257,11 @@ class FakePyExecutor:
             self.drafted += len(draft)
             self.accepted += k
             self._commit(r, target[: k + 1])
+
+    def _guide(self, r: Running, logits: torch.Tensor, draft: List[int]) -> torch.Tensor:
+        if self.guided is None or r.request.guided_decoding_params is None:
+            return logits
+        return self.guided.apply(r, logits, draft)
 
     def _targets(self, r: Running, logits: torch.Tensor) -> List[int]:
         """The target's token at each verified position: argmax, or a seeded sample."""
@@ -285,3 +300,56 @@ class FakePyExecutor:
         while self.step():
             pass
         return [self.done[c].generated for c in cids]
+
+
+class FakeGuidedDecoder:
+    """Upstream's GuidedDecoder with its llguidance backend (step 4b of the module docstring): one
+    matcher a request, made from its guided_decoding_params as LLGuidanceMatcherFactory.create
+    makes it (EBNF_GRAMMAR is read as Lark)."""
+
+    def __init__(self, tokenizer, engine):
+        import llguidance.hf
+
+        self.vocab = engine.shape.vocab
+        self.ll = llguidance.hf.from_tokenizer(tokenizer, n_vocab=self.vocab)
+        self.matchers: Dict[int, tuple] = {}  # request id -> (matcher, tokens it consumed)
+        self.masked_rows = 0
+
+    def _matcher(self, params):
+        import llguidance
+
+        kind, guide = params.guide_type.name, params.guide
+        grammar = {"JSON": lambda: llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}'),
+                   "JSON_SCHEMA": lambda: llguidance.LLMatcher.grammar_from_json_schema(guide),
+                   "REGEX": lambda: llguidance.LLMatcher.grammar_from_regex(guide),
+                   "EBNF_GRAMMAR": lambda: llguidance.LLMatcher.grammar_from_lark(guide)}[kind]()
+        matcher = llguidance.LLMatcher(self.ll, grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"LLGuidance matcher error: {matcher.get_error()}")
+        return matcher
+
+    def _mask(self, matcher) -> torch.Tensor:
+        import numpy as np
+
+        bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
+        return torch.from_numpy(bits[: self.vocab].astype(bool))
+
+    def apply(self, r: Running, logits: torch.Tensor, draft: List[int]) -> torch.Tensor:
+        rid = r.rid
+        if rid not in self.matchers:
+            self.matchers[rid] = (self._matcher(r.request.guided_decoding_params), 0)
+        matcher, consumed = self.matchers[rid]
+        new = r.generated[consumed:]
+        if new:
+            assert matcher.consume_tokens(new), f"request {rid}: the grammar refused committed tokens {new}"
+            self.matchers[rid] = (matcher, consumed + len(new))
+        logits = logits.clone()
+        probe = matcher.deep_copy()
+        for row in range(logits.shape[0]):
+            logits[row].masked_fill_(~self._mask(probe), float("-inf"))  # a finished grammar: the end token only
+            self.masked_rows += 1
+            # no mask after a draft the grammar refuses (verification rejects it) or after its end
+            # token (upstream: the matcher is terminated)
+            if row == len(draft) or probe.is_stopped() or not probe.consume_tokens([draft[row]]):
+                break
+        return logits

@@ -38,7 +38,8 @@ def test_prepare_writes_the_settings_and_a_manifest(target, model_drafters):
                  "--no-block-reuse", "--drafters", "ngram,suffix,chat", "--drafter-dir", str(DRAFTERS))
     assert served == target.resolve()
     settings = yaml.safe_load((target / "trtllm" / "llm_api.yaml").read_text())
-    assert settings == {"backend": "pytorch", "skip_tokenizer_init": True, "disable_overlap_scheduler": True,
+    assert settings == {"backend": "pytorch", "disable_overlap_scheduler": True,
+                        "guided_decoding_backend": "llguidance", "skip_tokenizer_init": False,
                         "max_batch_size": 16, "max_seq_len": 1024, "tensor_parallel_size": 1,
                         "enable_iter_perf_stats": True,
                         "kv_cache_config": {"free_gpu_memory_fraction": 0.5, "enable_block_reuse": False,
@@ -156,12 +157,21 @@ def test_build_llm_without_a_prepared_file_derives_the_settings(fake_llm, target
     ({"model": "/elsewhere"}, "set by the server"),
     ({"disable_overlap_scheduler": False}, "break the adapter"),
     ({"kv_cache_config": 0.5}, "mapping"),
+    ({"guided_decoding_backend": "xgrammar"}, "only llguidance"),
+    ({"skip_tokenizer_init": True}, "without the tokenizer"),
 ])
 def test_a_settings_file_that_would_break_the_adapter_is_refused(fake_llm, target, tmp_path, content, message):
     f = tmp_path / "llm.yaml"
     f.write_text(yaml.safe_dump(content))
     with pytest.raises(ValueError, match=message):
         build(ServerConfig(checkpoint=str(target), trtllm_config=str(f), drafters="ngram", policy="static"))
+
+
+def test_a_settings_file_may_switch_structured_output_off(fake_llm, target, tmp_path):
+    f = tmp_path / "llm.yaml"
+    f.write_text(yaml.safe_dump({"guided_decoding_backend": None, "skip_tokenizer_init": True}))
+    args = build(ServerConfig(checkpoint=str(target), trtllm_config=str(f), drafters="ngram", policy="static"))
+    assert args["guided_decoding_backend"] is None and args["skip_tokenizer_init"] is True
 
 
 def test_a_named_settings_file_must_exist(fake_llm, target, tmp_path):

@@ -71,7 +71,10 @@ def test_build_llm_passes_our_config_and_drafter(served):
     args = svc.llm.args
     spec = args["speculative_config"]
     assert spec.drafter is svc.drafter and spec.max_draft_len == 4 == spec.max_total_draft_tokens
-    assert args["disable_overlap_scheduler"] is True and args["skip_tokenizer_init"] is True
+    assert args["disable_overlap_scheduler"] is True
+    # structured output: TensorRT-LLM's llguidance backend, which needs its tokenizer loaded
+    assert args["guided_decoding_backend"] == "llguidance" and args["skip_tokenizer_init"] is False
+    assert svc.drafter.guides is not None and svc.spec.trim == svc.drafter.guides.trim
     assert args["max_batch_size"] == 3 and args["max_seq_len"] == MAX_CONTEXT
     assert args["kv_cache_config"].max_tokens == 3 * MAX_CONTEXT
     assert ex.drafter is svc.drafter

@@ -78,12 +78,18 @@ class LLM:
                  speculative_config: Optional[UserProvidedDecodingConfig] = None, kv_cache_config=None,
                  max_batch_size: Optional[int] = None, max_seq_len: Optional[int] = None,
                  max_num_tokens: Optional[int] = None, disable_overlap_scheduler: bool = False,
-                 cuda_graph_config=None, tensor_parallel_size: int = 1, enable_iter_perf_stats: bool = False):
+                 cuda_graph_config=None, tensor_parallel_size: int = 1, enable_iter_perf_stats: bool = False,
+                 guided_decoding_backend: Optional[str] = None):
         self.args = dict(model=model, backend=backend, skip_tokenizer_init=skip_tokenizer_init,
                          speculative_config=speculative_config, kv_cache_config=kv_cache_config,
                          max_batch_size=max_batch_size, max_seq_len=max_seq_len, max_num_tokens=max_num_tokens,
                          disable_overlap_scheduler=disable_overlap_scheduler, cuda_graph_config=cuda_graph_config,
-                         tensor_parallel_size=tensor_parallel_size, enable_iter_perf_stats=enable_iter_perf_stats)
+                         tensor_parallel_size=tensor_parallel_size, enable_iter_perf_stats=enable_iter_perf_stats,
+                         guided_decoding_backend=guided_decoding_backend)
+        if guided_decoding_backend not in (None, "xgrammar", "llguidance"):
+            raise ValueError(f"Unsupported guided decoding backend {guided_decoding_backend}")
+        # upstream get_guided_decoding_config: `assert tokenizer is not None` (none when skip_tokenizer_init)
+        assert guided_decoding_backend is None or not skip_tokenizer_init
         # upstream speculative/utils.py get_spec_drafter: `if spec_config.spec_dec_mode.is_user_provided(): return spec_config.drafter`
         self.drafter = speculative_config.drafter if speculative_config is not None else None
         if self.drafter is not None and not isinstance(self.drafter, Drafter):

@@ -31,10 +31,13 @@ class SamplingConfig:
 @_fake.stands_for("tensorrt_llm._torch.pyexecutor.llm_request.LlmRequest")
 class LlmRequest:
     def __init__(self, request_id: int, input_tokens: List[int], max_new_tokens: int,
-                 sampling_config: SamplingConfig, client_id: Optional[int] = None):
+                 sampling_config: SamplingConfig, client_id: Optional[int] = None, end_id: int = -1,
+                 guided_decoding_params=None):
         self._tokens = list(input_tokens)  # beam 0
         self.py_request_id = request_id
         self.py_client_id = client_id
+        self.py_end_id = end_id
+        self.guided_decoding_params = guided_decoding_params  # the binding's property (bindings GuidedDecodingParams)
         self.py_prompt_len = self.py_orig_prompt_len = len(input_tokens)
         self.py_max_new_tokens = max_new_tokens
         self.py_draft_tokens: List[int] = []
