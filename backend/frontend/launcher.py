@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import http.client
 import os
 import re
@@ -53,6 +54,7 @@ from ..wire import ADMIN_HEADER, INTERNAL_HEADER, REQUEST_ID_HEADER
 
 ROOT = Path(__file__).resolve().parents[2]
 TRITON = ROOT / ".cache" / "triton"
+ARGV_ENV_DIR = ROOT / ".cache" / "argv_env"  # argv_env.c built once per version of it
 
 
 @dataclass
@@ -155,15 +157,21 @@ def unix_http_status(socket_path: Path, path: str, headers: dict | None = None, 
 
 
 def argv_env_library(directory: Path) -> Path | None:
-    """argv_env.c built into `directory` (a C compiler is there wherever set-up built llama.cpp), or
-    None if it cannot be built."""
-    out = directory / "argv_env.so"
+    """argv_env.c built into `directory` (a C compiler is there wherever set-up built llama.cpp),
+    once per version of its source (the name carries its hash), or None if it cannot be built."""
+    source = Path(__file__).with_name("argv_env.c")
+    out = directory / f"argv_env-{hashlib.sha256(source.read_bytes()).hexdigest()[:16]}.so"
+    if out.exists():
+        return out
     cc = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
     if cc is None:
         return None
     try:
-        subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(out), str(Path(__file__).with_name("argv_env.c"))],
+        directory.mkdir(parents=True, exist_ok=True)
+        building = directory / f".{out.name}.{os.getpid()}"
+        subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(building), str(source)],
                        check=True, capture_output=True, timeout=60)
+        building.replace(out)  # atomic: a launcher starting beside this one never loads half a file
     except (OSError, subprocess.SubprocessError):
         return None
     return out
@@ -398,7 +406,7 @@ class Supervisor:
         self.env.pop("SPECSERVE_ADMIN_KEY", None)  # Triton needs none of it
         self.http_socket = private_socket_path(self.workdir)  # mkdtemp: mode 0700
         values = server_secrets(self.http_socket, self.keys)
-        library = argv_env_library(self.workdir)
+        library = argv_env_library(ARGV_ENV_DIR) or argv_env_library(self.workdir)  # .cache read-only: build here
         if library is None:
             print("warning: no C compiler to build backend/frontend/argv_env.c: Triton's private HTTP port and "
                   "its API keys are on its command line, readable by every local user", flush=True)

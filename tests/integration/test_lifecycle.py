@@ -245,6 +245,9 @@ def test_restarts_never_give_up_by_default(tmp_path):
 def test_argv_env_fills_placeholders_that_ps_does_not_show(tmp_path):
     library = argv_env_library(tmp_path)
     assert library is not None, "needs a C compiler"
+    built = library.stat().st_mtime_ns
+    assert argv_env_library(tmp_path) == library and library.stat().st_mtime_ns == built  # built once
+    assert [f.name for f in tmp_path.iterdir()] == [library.name]
     show = ("import os, sys; print(sys.argv[1:], open('/proc/self/cmdline', 'rb').read().split(b'\\0')[3:5], "
             "os.environ.get('SPECSERVE_ARG_KEY'), os.environ.get('LD_PRELOAD'))")
     out = subprocess.run([sys.executable, "-c", show, "--key=a:@SPECSERVE_ARG_KEY@", "--port=@SPECSERVE_ARG_PORT@"],
