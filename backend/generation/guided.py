@@ -144,6 +144,7 @@ class GuideState:
         self.eos_ids = sorted(int(t) for t in eos_ids if 0 <= int(t) < vocab)
         self.grammar_eos = grammar_eos
         self.consumed = 0  # output tokens the matcher has consumed
+        self._last = None  # (key, masks) of the latest `allowed`: the loop asks before the forward, the processor after
 
     def sync(self, tokens: Sequence[int]) -> None:
         """Consume the output tokens committed since the last call (tokens: prompt + output)."""
@@ -180,8 +181,11 @@ class GuideState:
         """[rows, vocab] bool: row j allows what the grammar allows after tokens + drafts[:j]. The
         grammar's end of text allows every one of the sequence's end tokens. Rows after a draft
         the grammar refuses repeat the last row (verification rejects that draft)."""
-        self.sync(tokens)
         drafts = [int(d) for d in drafts[: rows - 1]]
+        key = (len(tokens), tuple(drafts), rows)  # the committed tokens only grow: their count names them
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        self.sync(tokens)
         valid = self.matcher.validate_tokens(drafts) if drafts else 0  # consuming a refused token is final
         masks = [self._mask(self.matcher)]
         probe = self.matcher.deep_copy() if valid else None
@@ -189,7 +193,16 @@ class GuideState:
             probe.consume_token(d)
             masks.append(self._mask(probe))
         masks.extend(masks[-1:] * (rows - len(masks)))
-        return torch.from_numpy(np.stack(masks))
+        out = torch.from_numpy(np.stack(masks))
+        self._last = (key, out)
+        return out
+
+    def forced_rows(self, tokens: Sequence[int], drafts: Sequence[int]) -> List[bool]:
+        """Per draft token: whether the grammar allows nothing else at its row. The constrained
+        target emits such a token whatever that row's logits are (greedy or sampled: all its
+        probability is on it), so the loop does not compute them (EngineLoop._logit_rows)."""
+        masks = self.allowed(tokens, drafts, len(drafts) + 1)
+        return [bool(masks[j, d]) and int(masks[j].sum()) == 1 for j, d in enumerate(int(t) for t in drafts)]
 
     def _mask(self, matcher) -> np.ndarray:
         bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")

@@ -274,6 +274,39 @@ def test_drafts_that_leave_the_grammar_are_cut_before_the_forward(engine, tokeni
     assert sum(cuts) > 0, "no draft ever left the grammar: the test proves little"
 
 
+def test_forced_rows_are_the_rows_with_one_allowed_token(compiler, doc_ids):
+    state = person(compiler)
+    for k in range(0, len(doc_ids) - 4, 2):
+        drafts = doc_ids[k: k + 4]
+        masks = person(compiler).allowed(doc_ids[:k], drafts, 5)
+        want = [bool(masks[j].sum() == 1 and masks[j, d]) for j, d in enumerate(drafts)]
+        assert state.forced_rows(doc_ids[:k], drafts) == want, k
+    assert any(state.forced_rows([], doc_ids[:8])) and not all(state.forced_rows([], doc_ids[:8]))
+
+
+def test_forced_rows_become_a_point_mass_on_their_draft_token():
+    from backend.loop.engine_loop import with_forced_rows
+    computed = torch.arange(4 * 5, dtype=torch.float32).reshape(4, 5)  # rows kept: a0 a2 b0 b1
+    full = with_forced_rows(computed, [[3, 1], [4]], [[0, 2], [0, 1]])
+    assert full.shape == (5, 5)
+    assert torch.equal(full[[0, 2, 3, 4]], computed)
+    assert full[1].tolist() == [float("-inf"), 0.0] + [float("-inf")] * 3  # row 1 of a: its draft token 1
+
+
+def test_the_logits_of_forced_rows_are_not_computed_and_output_is_unchanged(engine, tokenizer, plain):
+    loop = policy_loop(engine, tokenizer, "grammar", 8)
+    asked, forward = [], loop._forward
+
+    def counting_forward(slots, starts, tokens, logit_rows=None):
+        if any(len(t) > 1 for t in tokens) and logit_rows is not None:
+            asked.append((sum(len(t) for t in tokens), sum(len(r) for r in logit_rows)))
+        return forward(slots, starts, tokens, logit_rows)
+    loop._forward = counting_forward
+    assert outputs(loop) == plain
+    inputs, computed = map(sum, zip(*asked))
+    assert computed < 0.8 * inputs, (computed, inputs)  # JSON's keys and punctuation: forced
+
+
 @pytest.mark.parametrize("name", ["grammar", "composite"])
 def test_seeded_guided_sampling_is_the_same_text_whatever_the_policy(engine, tokenizer, name):
     want = outputs(make_loop(engine, tokenizer, "off", max_batch=1, drafters=drafters()), sampled=True)
