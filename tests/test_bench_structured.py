@@ -25,3 +25,18 @@ def test_valid_answers_parse_with_the_schemas_keys_in_order():
     assert valid("event/3", good)
     assert not valid("event/3", good[:-1])  # cut short
     assert not valid("person/0", good)  # another schema's keys
+
+
+def test_the_in_process_forced_rows_benchmark_runs_and_checks_its_texts(tmp_path):
+    """bench/bench_forced_rows.py, tiny: every configuration runs and its texts equal policy off's."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "forced_rows.json"
+    run = subprocess.run([sys.executable, str(root / "bench" / "bench_forced_rows.py"), "--batch", "2", "--rounds", "1",
+                          "--requests", "2", "--max-tokens", "24", "--out", str(out)],
+                         cwd=root, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["same_text"] and len(result["rows"]) == 5 and out.with_suffix(".png").exists()
+    grammar = next(r for r in result["rows"] if r["config"] == "grammar")
+    assert grammar["drafted"] > 0 and grammar["accepted"] > 0
