@@ -505,7 +505,11 @@ class EngineLoop:
             if seq.guide is None or n == 1:
                 rows.append(list(range(n)))
                 continue
-            forced = seq.guide.forced_rows(seq.tokens, d.tokens)
+            try:
+                forced = seq.guide.forced_rows(seq.tokens, d.tokens)
+            except Exception:  # its verification meets the same trouble and fails it alone (_verify)
+                log.exception("sequence %d: its grammar's masks failed; computing every row", seq.seq_id)
+                forced = [False] * len(d)
             rows.append([j for j in range(n) if j == n - 1 or not forced[j]])
             skipped = skipped or len(rows[-1]) < n
         return rows if skipped else None
