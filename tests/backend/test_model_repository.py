@@ -144,3 +144,16 @@ def test_tensorrt_llm_forwards_to_llm_what_llm_declares(llm):
 def test_tokenizer_models_use_llms_checkpoint(llm):
     for name in ("preprocessing", "postprocessing"):
         assert load(name).parameters["checkpoint"].string_value == llm.parameters["checkpoint"].string_value
+
+
+def test_the_served_drafters_include_every_model_free_one_the_policy_lists(llm):
+    """The served config once listed `ngram,suffix` only, so the default policy never drafted a
+    grammar's forced tokens through the server: every model-free drafter the served policy's
+    config names (model drafters are served where they are built) is served."""
+    import yaml
+
+    from backend.drafters import DRAFTERS
+    served = llm.parameters["drafters"].string_value.split(",")
+    policy = yaml.safe_load((REPO.parent / llm.parameters["policy_config"].string_value).read_text())
+    listed = [d for d in policy["params"]["drafters"] if d in DRAFTERS and not DRAFTERS[d].is_model]
+    assert "grammar" in listed and set(listed) <= set(served), (listed, served)
