@@ -143,15 +143,18 @@ def private_socket_path(directory: Path) -> Path:
     return path
 
 
-def unix_http_status(socket_path: Path, path: str, headers: dict | None = None, timeout_s: float = 2.0) -> int:
-    """The status of GET `path` on the HTTP server at `socket_path` (OSError if unreachable)."""
+def unix_http(socket_path: Path, method: str, path: str, body=None, headers: dict | None = None,
+              timeout_s: float = 2.0) -> tuple:
+    """(status, body) of one request to the HTTP server listening on the Unix socket `socket_path`
+    (OSError if it cannot be reached)."""
     conn = http.client.HTTPConnection("triton", timeout=timeout_s)
     conn.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.sock.settimeout(timeout_s)
         conn.sock.connect(str(socket_path))
-        conn.request("GET", path, headers=headers or {})
-        return conn.getresponse().status
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, response.read()
     finally:
         conn.close()
 
@@ -438,7 +441,8 @@ class Supervisor:
 
     def _ready(self) -> bool:
         try:
-            return unix_http_status(self.http_socket, "/v2/health/ready", {INTERNAL_HEADER: self.keys.internal}) == 200
+            return unix_http(self.http_socket, "GET", "/v2/health/ready",
+                             headers={INTERNAL_HEADER: self.keys.internal})[0] == 200
         except OSError:
             return False
 

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from backend.frontend.launcher import unix_http
 from server_helpers import running_server
 from test_server import Stream, grpc_generate
 
@@ -396,20 +397,6 @@ def test_stalled_clients_are_dropped(hostile):
     assert healthy(hostile)
 
 
-def unix_request(sock_path: str, method: str, path: str, body=None, timeout=30):
-    """(status, body) of one HTTP request to the server listening on the Unix socket `sock_path`."""
-    c = http.client.HTTPConnection("triton", timeout=timeout)
-    c.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    c.sock.settimeout(timeout)
-    try:
-        c.sock.connect(sock_path)
-        c.request(method, path, body=body)
-        r = c.getresponse()
-        return r.status, r.read()
-    finally:
-        c.close()
-
-
 def connect_as(uid: int, sock_path: str) -> str:
     """What connecting to `sock_path` gives a process of user `uid`: 'connected' or the error's name."""
     read_end, write_end = os.pipe()
@@ -445,7 +432,7 @@ def test_tritons_private_http_is_closed_to_local_clients(hostile):
         assert connect_as(65534, sock_path) == "PermissionError"
     for method, path, body in [("GET", "/v2/health/ready", None), ("GET", "/v2/models/llm/config", None),
                                ("POST", GEN, deep(40000)), ("POST", UNARY, infer())]:
-        status, text = unix_request(sock_path, method, path, body)
+        status, text = unix_http(sock_path, method, path, body, timeout_s=30)
         assert status == 403 and b"restricted" in text, path
     assert healthy(hostile)
 

@@ -55,7 +55,7 @@ def guided_decoding_fields(guide: Guide) -> dict:
 def guide_of(params) -> Optional[Guide]:
     """Our Guide for a request's TensorRT-LLM guided-decoding parameters (`guide_type`, `guide`),
     or None for a type we do not follow (a structural tag)."""
-    kind = GUIDE_TYPE_NAMES.get(getattr(params.guide_type, "name", str(params.guide_type)).rsplit(".", 1)[-1])
+    kind = GUIDE_TYPE_NAMES.get(params.guide_type.name)
     return None if kind is None else Guide(kind, params.guide or "")
 
 

@@ -15,6 +15,7 @@ from backend.generation.guided import Guide
 from backend.generation.request import GenerationRequest, RequestError
 from backend.loop.offline import ListSink, make_loop, run_all
 from backend.server_config import ServerConfig
+from test_trtllm_serving import serve
 
 ROOT = Path(__file__).resolve().parents[3]
 MAX_CONTEXT = 128
@@ -32,18 +33,6 @@ def requests():
            for p, g in GUIDED]
     return out + [GenerationRequest(prompt="Tell me about Paris.", max_tokens=16, exclude_input_in_output=True,
                                     apply_chat_template=True)]
-
-
-def serve_on_fake_trtllm(svc, reqs, timeout=300.0):
-    import time
-    sinks = [ListSink() for _ in reqs]
-    for r, s in zip(reqs, sinks):
-        svc.submit(r, s)
-    end = time.monotonic() + timeout
-    while not all(s.done for s in sinks):
-        assert time.monotonic() < end, "requests did not finish"
-        time.sleep(0.01)
-    return sinks
 
 
 @pytest.fixture
@@ -91,7 +80,7 @@ def test_guided_text_equals_constrained_plain_decoding_on_the_cpu(service, trt_e
     spec = grammar_speculator() if policy == "grammar" else None
     svc, ex = service(spec, policy="static" if policy == "grammar" else policy)
     reqs = requests()
-    ours = serve_on_fake_trtllm(svc, reqs)
+    ours = serve(svc, reqs)
     cpu = run_all(make_loop(trt_engine, tokenizer, policy="off", max_context=MAX_CONTEXT), requests())
     for r, a, b in zip(reqs, ours, cpu):
         assert not a.errors and a.done, a.errors
@@ -121,10 +110,10 @@ def test_drafts_are_cut_where_they_leave_the_grammar(service, tokenizer):
 
     spec = Speculator(StaticPolicy(drafter="words", gamma=4), {"words": Words()}, lookahead=True)
     svc, ex = service(spec)
-    free = serve_on_fake_trtllm(svc, [GenerationRequest(prompt="Count: 1 2 3", max_tokens=8)])[0]
+    free = serve(svc, [GenerationRequest(prompt="Count: 1 2 3", max_tokens=8)])[0]
     drafted = ex.drafted_by_hook
     assert free.text and drafted > 0
-    guided = serve_on_fake_trtllm(svc, [GenerationRequest(prompt="Count: 1 2 3", max_tokens=8,
+    guided = serve(svc, [GenerationRequest(prompt="Count: 1 2 3", max_tokens=8,
                                                           exclude_input_in_output=True,
                                                           guide=Guide("regex", "[0-9]{8}"))])[0]
     assert re.fullmatch("[0-9]{1,8}", guided.text), guided.text
