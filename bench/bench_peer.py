@@ -1,4 +1,6 @@
-"""Our server against llama.cpp's own server, llama-server, on the same GGUF, prompts and client.
+"""Our server against llama.cpp's own server, llama-server, on the same GGUF, prompts and client:
+ours as served (the default policy) and with speculation off, llama-server with its defaults and
+with its static n-gram speculation (`--arms`; ratios are ours / each other arm).
 
 A person serving a small model on a CPU compares us with llama-server (issue 30): built from the
 very llama.cpp our engine runs (the pinned llama-cpp-python sdist's vendored sources; built the
@@ -9,7 +11,7 @@ completions, streaming, temperature 0, --max-tokens), closed loop, on three work
 (bench/peer_workloads.py: distinct chat prompts, multi-turn chat resending the history,
 copy-heavy), at each of --streams for --ramp-s + --seconds.
 
-Every (workload, streams) starts a fresh server, ours then llama-server, one at a time: no
+Every (workload, streams) starts a fresh server per arm, one at a time: no
 level inherits another's caches (our suffix drafter's store of recent outputs, llama-server's
 prompt cache) and each ratio compares two runs minutes apart (these machines drift by 10-20%
 over minutes, more from day to day: compare only inside one run). Per level: output tokens/s
@@ -35,6 +37,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from backend.engines.llama_cpp_cpu import LLAMA_SERVER_ARGS
 from peer_load import closed_loop, warm_up  # bench/ (the script's own folder)
 from peer_stats import identity, ratios, summarise
 from peer_workloads import WORKLOADS, Feed, sessions
@@ -44,6 +47,14 @@ RESULTS = ROOT / "bench" / "results"
 CHECKPOINT = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 CONTEXT = 2048  # tokens a sequence: our max_context (model_repository/llm/config.pbtxt), per llama-server slot
 OURS, PEER = "ours", "llama-server"
+# Every arm a run can measure: ours as served (the default policy) and with speculation off; llama-server
+# with its defaults and with its static n-gram speculation. Ratios are ours / each other arm.
+ARMS = {
+    OURS: {},
+    "ours-off": {"SPECSERVE_POLICY_CONFIG": "configs/policies/off.yaml"},
+    PEER: [],
+    "llama-server-ngram": ["--spec-type", "ngram-simple", "--spec-draft-n-max", "4"],
+}
 
 
 def log(msg: str) -> None:
@@ -63,9 +74,10 @@ def our_server(streams: int, env: dict, log_file):
 
 def peer_command(binary: Path, gguf: Path, port: int, slots: int, threads: int, extra=()) -> list:
     """llama-server's command line: the flags of ../shared/design/ENVIRONMENT.md, one slot per
-    stream (at least 32), CONTEXT tokens each, OpenAI API only."""
+    stream (at least 32), CONTEXT tokens each, OpenAI API only, and what every llama.cpp we run
+    is asked for (backend/engines/llama_cpp_cpu.py: no repack, no AMX)."""
     return [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
-            "-c", str(slots * CONTEXT), "-t", str(threads), "-fa", "on", "--no-webui", *extra]
+            "-c", str(slots * CONTEXT), "-t", str(threads), "-fa", "on", "--no-webui", *LLAMA_SERVER_ARGS, *extra]
 
 
 @contextmanager
@@ -190,18 +202,16 @@ def parse_args(argv=None):
     ap.add_argument("--prompts", type=int, default=1000,
                     help="distinct sessions per workload, at most (the held-out split has ~340-430)")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--skip-ours", action="store_true")
-    ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS),
+                    help="ours: the default policy; ours-off: plain decoding; llama-server: its defaults; "
+                         "llama-server-ngram: its static n-gram speculation (4 draft tokens)")
     ap.add_argument("--ours-env", nargs="*", default=[], metavar="KEY=VALUE",
                     help="SPECSERVE_* settings for our server (e.g. SPECSERVE_POLICY=off)")
     ap.add_argument("--peer-kv-q8", action="store_true", help="llama-server with a Q8_0 KV cache (ours serves one)")
     ap.add_argument("--peer-args", default="", help="more llama-server flags, e.g. '--no-cache-prompt'")
     ap.add_argument("--tag", default="", help="suffix of the result files' names")
     ap.add_argument("--plot-only", type=Path, metavar="JSON", help="only redraw the plot of a saved run (its .png beside it)")
-    args = ap.parse_args(argv)
-    if args.skip_ours and args.skip_peer and not args.plot_only:
-        ap.error("--skip-ours and --skip-peer leave nothing to measure")
-    return args
+    return ap.parse_args(argv)
 
 
 def main(argv=None) -> int:
@@ -214,15 +224,19 @@ def main(argv=None) -> int:
     from backend.engines.llama_cpp import served_gguf
     gguf = served_gguf(CHECKPOINT)
     servers = []
-    if not args.skip_ours:
-        env = dict(kv.split("=", 1) for kv in args.ours_env)
-        servers.append((OURS, lambda streams, f: our_server(streams, env, f), "peer_ours_server.log"))
-    if not args.skip_peer:
-        from build_engines.on_demand import llama_server
-        binary = llama_server()  # built the first time (with progress), then cached
-        extra = shlex.split(args.peer_args) + (["--cache-type-k", "q8_0", "--cache-type-v", "q8_0"]
-                                               if args.peer_kv_q8 else [])
-        servers.append((PEER, lambda streams, f: peer_server(binary, gguf, streams, extra, f), "peer_llama_server.log"))
+    env = dict(kv.split("=", 1) for kv in args.ours_env)
+    binary = None
+    for arm in args.arms:
+        if arm.startswith(OURS):
+            servers.append((arm, lambda streams, f, e={**ARMS[arm], **env}: our_server(streams, e, f),
+                            f"peer_{arm}_server.log"))
+            continue
+        if binary is None:
+            from build_engines.on_demand import llama_server
+            binary = llama_server()  # built the first time (with progress), then cached
+        extra = ARMS[arm] + shlex.split(args.peer_args) + (["--cache-type-k", "q8_0", "--cache-type-v", "q8_0"]
+                                                          if args.peer_kv_q8 else [])
+        servers.append((arm, lambda streams, f, x=extra: peer_server(binary, gguf, streams, x, f), f"peer_{arm}.log"))
     log(f"peer benchmark: {', '.join(s[0] for s in servers)} on {gguf.name}; workloads {', '.join(args.workloads)}; "
         f"streams {args.streams}; {args.seconds:.0f} s measured per level; {args.max_tokens} tokens, greedy")
     rows, answers, records = [], {}, []
@@ -236,9 +250,10 @@ def main(argv=None) -> int:
                 rows.append(row)
                 answers[(server, workload, streams)] = {r["key"]: r["text"] for r in requests if not r["error"]}
                 records.append({"server": server, "workload": workload, "streams": streams, "requests": requests})
-    rat, ident = ratios(rows, OURS, PEER), identities(answers, args.streams)
+    rat = [{"vs": arm, **x} for arm in args.arms if arm != OURS for x in ratios(rows, OURS, arm)]
+    ident = identities(answers, args.streams)
     for x in rat:
-        log(f"  ours / llama-server  {x['workload']:9s} {x['streams']:3d} streams: tokens/s ×{x['tok_s']:.2f}, "
+        log(f"  ours / {x['vs']:18s} {x['workload']:9s} {x['streams']:3d} streams: tokens/s ×{x['tok_s']:.2f}, "
             f"TTFT p50 ×{x['ttft_p50']:.2f}")
     for x in ident:
         log(f"  {x['server']:12s} {x['workload']:9s} greedy text the same at {x['streams'][0]} and "

@@ -138,13 +138,15 @@ def llama_cpp_peers(tok, max_tokens: int, repeats: int) -> list:
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     from backend.engines.llama_cpp import served_gguf
+    from backend.engines.llama_cpp_cpu import high_level_defaults
 
     gguf = str(served_gguf(CHECKPOINT))
     peers = [(PEER_PLAIN, None), (PEER_LOOKUP, 10), (PEER_LOOKUP.replace("lookup", "lookup k=2"), 2)]
     rows = []
     for label, k in peers:
-        llm = Llama(model_path=gguf, n_ctx=2048, n_threads=os.cpu_count(), n_threads_batch=os.cpu_count(),
-                    verbose=False, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=k) if k else None)
+        with high_level_defaults():  # no repack, no AMX: as everywhere (backend/engines/llama_cpp_cpu.py)
+            llm = Llama(model_path=gguf, n_ctx=2048, n_threads=os.cpu_count(), n_threads_batch=os.cpu_count(),
+                        verbose=False, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=k) if k else None)
         for kind, name, prompt in bench_prompts():
             text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                            add_generation_prompt=True)

@@ -333,7 +333,8 @@ def profile(engine, name: str, checkpoint: Path, dtype: str, repeats: int, draft
     zeros = [0.0] * len(TOKEN_BATCH)
     return {
         "profile_version": PROFILE_VERSION,
-        "checkpoint": str(checkpoint), "engine": name, "dtype": dtype, "threads": torch.get_num_threads(),
+        "checkpoint": str(checkpoint), "engine": name, "engine_build": engine_build(name), "dtype": dtype,
+        "threads": torch.get_num_threads(),
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "budget_s": budget_s, "elapsed_s": round(time.monotonic() - t0, 1),
         # AdaSpec step-time table (policy/profiles.py StepTimeProfile)
@@ -347,12 +348,23 @@ def profile(engine, name: str, checkpoint: Path, dtype: str, repeats: int, draft
 TARGET_KEYS = ("ctx_buckets", "token_batch", "target_s", "measured")
 
 
+def engine_build(engine_name: str) -> str:
+    """What a profile's target times depend on beyond the engine's name: for llama.cpp, which
+    kernels its matmuls run (backend/engines/q8_kernel.py; a rebuilt library counts as new)."""
+    if not engine_name.startswith("llama.cpp"):
+        return ""
+    from backend.engines import q8_kernel
+    return q8_kernel.build_id()
+
+
 def reusable_target(path: Path, engine_name: str) -> Optional[dict]:
-    """The target part of a profile on disk, if this version measured it for this engine."""
+    """The target part of a profile on disk, if this version measured it for this engine, built
+    as it is now."""
     if not path.exists():
         return None
     have = json.loads(path.read_text())
-    if have.get("profile_version") != PROFILE_VERSION or have.get("engine") != engine_name:
+    if (have.get("profile_version") != PROFILE_VERSION or have.get("engine") != engine_name
+            or have.get("engine_build", "") != engine_build(engine_name)):
         return None
     return {k: have[k] for k in TARGET_KEYS if k in have}
 

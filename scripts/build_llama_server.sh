@@ -21,10 +21,13 @@ say() { echo "[llama-server] $*" >&2; }
 SPEC="$(sed -n 's/^LLAMA_SPEC="\(.*\)"$/\1/p' "$ROOT/scripts/setup.sh")"
 [ -n "$SPEC" ] || { say "no LLAMA_SPEC in scripts/setup.sh"; exit 1; }
 VERSION="${SPEC#*==}"
+# llama.cpp's own kernels (no specserve patch: it is the peer), built without AMX like ours
+# (backend/engines/llama_cpp_cpu.py; bench_peer.py also runs it with --no-repack)
+NO_AMX="$("$ROOT/.venv/bin/python" -m backend.engines.llama_cpp_cpu cflags)"
 FLAGS="-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
 -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF ${LLAMA_SERVER_CMAKE_ARGS:-}"
 cpu_kind="$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | sort | md5sum | cut -c1-12)"  # as setup.sh keys its wheel
-OUT="$CACHE/llama-server/$cpu_kind-$(echo "$SPEC $FLAGS" | md5sum | cut -c1-6)"
+OUT="$CACHE/llama-server/$cpu_kind-$(echo "$SPEC $FLAGS $NO_AMX" | md5sum | cut -c1-6)"
 if [ -x "$OUT/llama-server" ]; then
   echo "$OUT/llama-server"
   exit 0
@@ -32,28 +35,23 @@ fi
 PY="$ROOT/.venv/bin/python"
 [ -x "$PY" ] || PY=python3
 
-# 1. the sdist (pip's configured index, as set-up fetches everything)
-sdist() { ls "$CACHE"/downloads/llama[-_]cpp[-_]python-"$VERSION".tar.gz 2>/dev/null | head -1; }
-if [ -z "$(sdist)" ]; then
-  say "downloading the $SPEC source distribution (76 MB; the first time only)"
-  tmp="$CACHE/downloads/.llama-sdist.part"
-  rm -rf "$tmp" && mkdir -p "$tmp"
-  "$PY" -m pip download -q --no-deps --no-binary :all: --disable-pip-version-check -d "$tmp" "$SPEC" >&2
-  mv "$tmp"/*.tar.gz "$CACHE/downloads/" && rm -rf "$tmp"
-fi
+# 1. the sdist (pip's configured index, as set-up fetches everything), shared with set-up's build
+# shellcheck source=scripts/llama_cpp_sdist.sh
+. "$ROOT/scripts/llama_cpp_sdist.sh"
+SDIST="$(llama_sdist "$ROOT" "$SPEC" "$PY")"
 
 # 2. its vendored llama.cpp, configured and built (llama-server only)
 WORK="$CACHE/llama-server/.build-$$"
 trap 'rm -rf "$WORK"' EXIT
 mkdir -p "$WORK"
-say "unpacking vendor/llama.cpp from $(basename "$(sdist)")"
-tar -xzf "$(sdist)" -C "$WORK" --wildcards '*/vendor/llama.cpp/*'
+say "unpacking vendor/llama.cpp from $(basename "$SDIST")"
+tar -xzf "$SDIST" -C "$WORK" --wildcards '*/vendor/llama.cpp/*'
 SRC="$(ls -d "$WORK"/*/vendor/llama.cpp)"
 GEN=()
 if command -v ninja >/dev/null; then GEN=(-G Ninja); fi
 say "configuring ($([ ${#GEN[@]} -gt 0 ] && echo Ninja || echo make)): $FLAGS"
 # shellcheck disable=SC2086  # FLAGS is a list of words
-if ! cmake -S "$SRC" -B "$WORK/build" "${GEN[@]}" $FLAGS > "$WORK/configure.log" 2>&1; then
+if ! CFLAGS="$NO_AMX" CXXFLAGS="$NO_AMX" cmake -S "$SRC" -B "$WORK/build" "${GEN[@]}" $FLAGS > "$WORK/configure.log" 2>&1; then
   tail -30 "$WORK/configure.log" >&2
   exit 1
 fi
@@ -67,7 +65,7 @@ cmake --build "$WORK/build" -j"$(nproc)" --target llama-server 2>&1 \
 # 3. cached: the binary and what built it
 mkdir -p "$OUT.part"
 install -m 755 "$WORK/build/bin/llama-server" "$OUT.part/llama-server"
-printf '%s\n%s\n%s\n' "$SPEC" "$FLAGS" "$("$OUT.part/llama-server" --version 2>&1 | head -2 | tr '\n' ' ')" > "$OUT.part/build-info.txt"
+printf '%s\n%s\n%s\n' "$SPEC" "$FLAGS CFLAGS=$NO_AMX" "$("$OUT.part/llama-server" --version 2>&1 | head -2 | tr '\n' ' ')" > "$OUT.part/build-info.txt"
 rm -rf "$OUT" && mv "$OUT.part" "$OUT"
 say "built $OUT/llama-server"
 echo "$OUT/llama-server"

@@ -30,6 +30,8 @@ for arg in "$@"; do
   esac
 done
 cd "$ROOT"
+# shellcheck source=scripts/run_step.sh
+. scripts/run_step.sh
 
 # 1. venv ------------------------------------------------------------------------
 PY="${PYTHON:-python3.11}"
@@ -55,22 +57,36 @@ else
 fi
 
 # the llama.cpp engine: llama-cpp-python has no binary wheel on the index, so its sdist is built here
-# (vendored llama.cpp, native to this CPU: ~5 min on 2 quiet AVX-512 cores, ~8 on AVX2 ones). Without its
-# multimodal library (mtmd: images and audio, which we never load; -DLLAVA_BUILD=OFF), a quarter of the
-# compile. The wheel is cached per CPU kind and build options (a native build would not run on another
-# CPU), so a second run installs it in seconds. CMAKE_ARGS you set are passed on (and key the cache).
+# (vendored llama.cpp, native to this CPU: ~5 min on 2 quiet AVX-512 cores, ~8 on AVX2 ones), with
+#  - our Q8_0 matmul put into its CPU backend (native/llama_cpp: verification of several tokens then
+#    costs about one decoding step; bit-identical to llama.cpp's own kernels),
+#  - no Intel AMX code (backend/engines/llama_cpp_cpu.py: its weight repack crashes on
+#    Sapphire-Rapids-class VMs and buys nothing for the served type),
+#  - no multimodal library (mtmd: images and audio, which we never load; -DLLAVA_BUILD=OFF).
+# The wheel is cached per CPU kind, build options and kernel sources (a native build would not run on
+# another CPU), so a second run installs it in seconds. CMAKE_ARGS you set are passed on (and key the cache).
 LLAMA_SPEC="llama-cpp-python==0.3.36"
 LLAMA_CMAKE_ARGS="${CMAKE_ARGS:-} -DLLAVA_BUILD=OFF"
+LLAMA_CFLAGS="$(.venv/bin/python -m backend.engines.llama_cpp_cpu cflags)"
 cpu_kind="$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | sort | md5sum | cut -c1-12)"
-build_kind="$cpu_kind-$(echo "$LLAMA_CMAKE_ARGS" | md5sum | cut -c1-6)"
+native_kind="$(cd native/llama_cpp && cat $(ls) | md5sum | cut -c1-6)"
+build_kind="$cpu_kind-$(echo "$LLAMA_CMAKE_ARGS $LLAMA_CFLAGS" | md5sum | cut -c1-6)-$native_kind"
 W="$CACHE/wheels/llama-cpp-$build_kind"
 if [ "$(cat .venv/.llama.installed 2>/dev/null)" != "$LLAMA_SPEC $build_kind" ]; then
   if ! ls "$W"/llama_cpp_python-*.whl >/dev/null 2>&1; then
-    say "building $LLAMA_SPEC from source for this CPU (about 5-8 min on 2 cores; progress in compile steps)"
+    say "building $LLAMA_SPEC from source for this CPU, with our Q8_0 kernel (about 5-8 min on 2 cores; progress in compile steps)"
+    # shellcheck source=scripts/llama_cpp_sdist.sh
+    . scripts/llama_cpp_sdist.sh
+    sdist="$(llama_sdist "$ROOT" "$LLAMA_SPEC" .venv/bin/python)"
+    src="$(mktemp -d)"
+    tar -xzf "$sdist" -C "$src"
+    bash native/llama_cpp/apply.sh "$src"/llama_cpp_python-*
     mkdir -p "$W"
-    CMAKE_ARGS="$LLAMA_CMAKE_ARGS" .venv/bin/pip wheel -v --no-deps --no-cache-dir --disable-pip-version-check -w "$W.part" "$LLAMA_SPEC" 2>&1 \
+    CFLAGS="$LLAMA_CFLAGS" CXXFLAGS="$LLAMA_CFLAGS" CMAKE_ARGS="$LLAMA_CMAKE_ARGS" \
+      .venv/bin/pip wheel -v --no-deps --no-cache-dir --disable-pip-version-check -w "$W.part" "$src"/llama_cpp_python-* 2>&1 \
       | awk '/^ *\[[0-9]+\/[0-9]+\]/ { split($1, a, /[\[\/\]]/); if (a[2] % 20 == 0 || a[2] == a[3]) { print "[setup]   llama.cpp compile " a[2] "/" a[3]; fflush() } }
              /^(ERROR|CMake Error)|: error:/ { print; fflush() }'
+    rm -rf "$src"
     mv "$W.part"/llama_cpp_python-*.whl "$W"/ && rm -rf "$W.part"
   fi
   .venv/bin/pip install -q --no-deps --disable-pip-version-check --force-reinstall "$W"/llama_cpp_python-*.whl
@@ -97,20 +113,23 @@ else
 fi
 
 # 3. default model -----------------------------------------------------------------
-.venv/bin/python -m build_engines.convert_target --out "$CACHE/models/smollm2-135m-instruct" \
-  --download-cache "$CACHE/downloads"
+run_step "converting the default model" .venv/bin/python -m build_engines.convert_target \
+  --out "$CACHE/models/smollm2-135m-instruct" --download-cache "$CACHE/downloads"
 
 # the GGUF the llama.cpp engine serves (type chosen by measurement; see build_engines/prepare_gguf.py)
-.venv/bin/python -m build_engines.prepare_gguf --checkpoint "$CACHE/models/smollm2-135m-instruct" \
-  --source "$CACHE/downloads/SmolLM2-135M-Instruct.Q4_1.gguf"
+run_step "preparing the served GGUF with llama.cpp" .venv/bin/python -m build_engines.prepare_gguf \
+  --checkpoint "$CACHE/models/smollm2-135m-instruct" --source "$CACHE/downloads/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # 4. the served engine's step-time / switch-cost profile the adaptive policy reads (this machine's)
-.venv/bin/python -m build_engines.on_demand profile --engine llama.cpp
+run_step "measuring llama.cpp's step times on this machine (the first model load)" \
+  .venv/bin/python -m build_engines.on_demand profile --engine llama.cpp
 
 # what the flags ask for up front (otherwise built on demand) ------------------------------------
-if [ "$DRAFTERS" = 1 ]; then .venv/bin/python -m build_engines.on_demand drafters; fi
+if [ "$DRAFTERS" = 1 ]; then run_step "building the model drafters" .venv/bin/python -m build_engines.on_demand drafters; fi
 if [ "$PROFILES" = 1 ]; then
-  for engine in llama.cpp torch; do .venv/bin/python -m build_engines.on_demand profile --engine "$engine"; done
+  for engine in llama.cpp torch; do
+    run_step "measuring $engine's step times" .venv/bin/python -m build_engines.on_demand profile --engine "$engine"
+  done
 fi
 if [ "$LOADTOOLS" = 1 ]; then bash scripts/setup_loadtools.sh; fi
 say "done"

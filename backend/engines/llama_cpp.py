@@ -43,6 +43,7 @@ import torch
 
 from ..manifest import gguf_entry
 from .contract import check_forward_args, check_slot
+from .llama_cpp_cpu import model_params
 
 log = logging.getLogger("specserve.llama_cpp")
 
@@ -173,9 +174,7 @@ class LlamaCpp:
             raise FileNotFoundError(f"no GGUF file at {gguf}")
         _backend_init()
         ll = self._ll = _lib()
-        mp = ll.llama_model_default_params()
-        mp.n_gpu_layers = 0
-        self._model = ll.llama_model_load_from_file(str(gguf).encode(), mp)
+        self._model = ll.llama_model_load_from_file(str(gguf).encode(), model_params(ll))
         if not self._model:
             raise RuntimeError(f"llama.cpp could not load {gguf}")
         vocab_p = ll.llama_model_get_vocab(self._model)

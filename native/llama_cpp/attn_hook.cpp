@@ -1,0 +1,196 @@
+// specserve: llama.cpp's CPU flash attention over a Q8_0 KV cache, with the queries that share
+// a KV head taken together. patches/ggml-cpu.patch calls it first in
+// ggml_compute_forward_flash_attn_ext_f16 (ops.cpp); it returns false for anything but Q8_0 K and
+// V without ALiBi, soft-capping or sinks, and then the stock code runs.
+//
+// The stock kernel (ggml_compute_forward_flash_attn_ext_f16_one_chunk) walks the keys once per
+// query row and head: for each key a Q8_0 dot product, an online-softmax update and a V row
+// dequantized and added. A verification step of t tokens, or a batch of decoding sequences,
+// repeats that walk for every query (t rows x 3 query heads per KV head for SmolLM2). Here one
+// walk serves all queries of a KV head: the key block's scores come from one Q8_0 matmul
+// (q8_matmul.h: each score bit-identical to ggml's vec_dot), and each V row is dequantized once.
+// Every query's own sequence of operations is the stock one, in the same order -- the same
+// score, `s*scale + mask`, the same expf calls, the same ggml_vec_scale_f32 / ggml_vec_mad_f32
+// (vec.h) on its accumulator -- so its output is bit-identical to the stock kernel's, whatever
+// else shares the step. Queries are independent: how they are grouped and which thread takes
+// them changes no bit.
+#include "ggml-cpu-impl.h"
+#include "ggml-cpu.h"
+#include "ggml-impl.h"
+#include "q8_matmul.h"
+#include "specserve.h"
+#include "vec.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+std::atomic<long long> calls{0};  // attention ops this process ran here (tests: the model goes through it)
+
+constexpr int64_t KEY_BLOCK = 64;   // keys scored per matmul
+constexpr int64_t MAX_QUERIES = 96; // queries a unit (32 rows x 3 heads): scratch stays in L2
+
+struct Scratch {
+    std::vector<char> q8;      // the unit's queries as Q8_0 rows
+    std::vector<float> scores; // [query][key in block]
+    std::vector<float> acc;    // [query][DV]: each query's VKQ accumulator
+    std::vector<float> v32;    // one V row dequantized
+    std::vector<float> m, s;   // each query's running max and sum
+    std::vector<const ggml_fp16_t *> mask;  // each query's mask row
+};
+
+}  // namespace
+
+long long specserve_attn_q8_0_calls(void) {
+    return calls.load(std::memory_order_relaxed);
+}
+
+bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+    const ggml_tensor * q = dst->src[0];
+    const ggml_tensor * k = dst->src[1];
+    const ggml_tensor * v = dst->src[2];
+    const ggml_tensor * mask = dst->src[3];
+    if (params->use_ref || !specserve_q8_0_enabled() || dst->src[4] != nullptr) {
+        return false;
+    }
+    if (k->type != GGML_TYPE_Q8_0 || v->type != GGML_TYPE_Q8_0 || q->type != GGML_TYPE_F32 ||
+        (mask && mask->type != GGML_TYPE_F16)) {
+        return false;
+    }
+    float scale, max_bias, softcap;
+    memcpy(&scale, (const float *) dst->op_params + 0, sizeof(float));
+    memcpy(&max_bias, (const float *) dst->op_params + 1, sizeof(float));
+    memcpy(&softcap, (const float *) dst->op_params + 2, sizeof(float));
+    if (max_bias != 0.0f || softcap != 0.0f) {
+        return false;
+    }
+    GGML_TENSOR_LOCALS(int64_t, neq, q, ne)
+    GGML_TENSOR_LOCALS(size_t, nbq, q, nb)
+    GGML_TENSOR_LOCALS(int64_t, nek, k, ne)
+    GGML_TENSOR_LOCALS(size_t, nbk, k, nb)
+    GGML_TENSOR_LOCALS(int64_t, nev, v, ne)
+    GGML_TENSOR_LOCALS(size_t, nbv, v, nb)
+    GGML_TENSOR_LOCALS(int64_t, ne, dst, ne)
+    GGML_TENSOR_LOCALS(size_t, nb, dst, nb)
+    const int64_t DK = nek0, DV = nev0, N = neq1;
+    if (DK % SPECSERVE_QK8_0 != 0 || neq0 != DK || nek2 != nev2 || neq2 % nek2 != 0 || neq3 != nek3 ||
+        nek3 != nev3 || nek1 != nev1 || nbq0 != sizeof(float) || nb0 != sizeof(float)) {
+        return false;
+    }
+    const int64_t heads_per_kv = neq2 / nek2;
+
+    // Units of work: (sequence stream, KV head, query heads, query rows). Enough of them for the
+    // threads to share; each stays within MAX_QUERIES.
+    const int nth = params->nth;
+    const int64_t groups = neq3 * nek2;
+    int64_t head_split = 1, row_split = 1;
+    if (groups * std::min<int64_t>(N, 4) < 4 * nth) {
+        head_split = heads_per_kv;  // few queries (decoding a few sequences): one unit per head too
+    }
+    const int64_t heads_per_unit = heads_per_kv / head_split;
+    row_split = std::max<int64_t>((N * heads_per_unit + MAX_QUERIES - 1) / MAX_QUERIES,
+                                  std::min<int64_t>(N, (4 * nth + groups * head_split - 1) / (groups * head_split)));
+    const int64_t rows_per_unit = (N + row_split - 1) / row_split;
+    row_split = (N + rows_per_unit - 1) / rows_per_unit;
+    const int64_t units = groups * head_split * row_split;
+
+    const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
+    const ggml_to_float_t dequantize_v = ggml_get_type_traits(GGML_TYPE_Q8_0)->to_float;
+    const size_t q_row = ggml_row_size(GGML_TYPE_Q8_0, DK);
+    const int64_t nb_dk = DK / SPECSERVE_QK8_0;
+
+    static thread_local Scratch sc;
+    const int64_t qmax = heads_per_unit * rows_per_unit;
+    sc.q8.resize(qmax * q_row);
+    sc.scores.resize(qmax * KEY_BLOCK);
+    sc.acc.resize(qmax * DV);
+    sc.v32.resize(DV);
+    sc.m.resize(qmax);
+    sc.s.resize(qmax);
+    sc.mask.resize(qmax);
+
+    if (params->ith == 0) {
+        ggml_threadpool_chunk_set(params->threadpool, nth);
+        calls.fetch_add(1, std::memory_order_relaxed);
+    }
+    ggml_barrier(params->threadpool);
+
+    for (int64_t unit = params->ith; unit < units; unit = ggml_threadpool_chunk_add(params->threadpool, 1)) {
+        const int64_t rc = unit % row_split, hc = (unit / row_split) % head_split, g = unit / (row_split * head_split);
+        const int64_t iq3 = g / nek2, ik2 = g % nek2;
+        const int64_t h0 = ik2 * heads_per_kv + hc * heads_per_unit;
+        const int64_t r0 = rc * rows_per_unit, nr = std::min(N, r0 + rows_per_unit) - r0;
+        const int64_t nq = heads_per_unit * nr;  // query i: head h0 + i / nr, row r0 + i % nr
+
+        int64_t n_keys = 0;  // keys past the last one any query may see are skipped
+        for (int64_t i = 0; i < nq; ++i) {
+            const int64_t iq2 = h0 + i / nr, iq1 = r0 + i % nr;
+            quantize((const float *) ((const char *) q->data + iq1 * nbq1 + iq2 * nbq2 + iq3 * nbq3),
+                     sc.q8.data() + i * q_row, DK);
+            sc.m[i] = -INFINITY;
+            sc.s[i] = 0.0f;
+            std::fill(sc.acc.begin() + i * DV, sc.acc.begin() + (i + 1) * DV, 0.0f);
+            const ggml_fp16_t * mp = mask ? (const ggml_fp16_t *) ((const char *) mask->data + iq1 * mask->nb[1] +
+                                                                   (iq2 % mask->ne[2]) * mask->nb[2] +
+                                                                   (iq3 % mask->ne[3]) * mask->nb[3])
+                                          : nullptr;
+            sc.mask[i] = mp;
+            int64_t last = nek1;
+            if (mp) {
+                while (last > n_keys && GGML_CPU_FP16_TO_FP32(mp[last - 1]) == -INFINITY) {
+                    --last;
+                }
+            }
+            n_keys = std::max(n_keys, last);
+        }
+
+        const char * k_base = (const char *) k->data + ik2 * nbk2 + iq3 * nbk3;
+        const char * v_base = (const char *) v->data + ik2 * nbv2 + iq3 * nbv3;
+        for (int64_t kb = 0; kb < n_keys; kb += KEY_BLOCK) {
+            const int64_t nk = std::min(KEY_BLOCK, n_keys - kb);
+            // scores[i][j] = dot(key kb + j, query i): ggml's vec_dot_q8_0_q8_0, bit for bit
+            specserve_q8_0_matmul(k_base + kb * nbk1, nbk1, nk, sc.q8.data(), q_row, nq, nb_dk,
+                                  sc.scores.data(), KEY_BLOCK);
+            for (int64_t j = 0; j < nk; ++j) {
+                const int64_t ic = kb + j;
+                bool v_ready = false;
+                for (int64_t i = 0; i < nq; ++i) {
+                    const float mv = sc.mask[i] ? GGML_CPU_FP16_TO_FP32(sc.mask[i][ic]) : 0.0f;
+                    if (mv == -INFINITY) {
+                        continue;
+                    }
+                    if (!v_ready) {
+                        dequantize_v(v_base + ic * nbv1, sc.v32.data(), DV);
+                        v_ready = true;
+                    }
+                    float s = sc.scores[i * KEY_BLOCK + j] * scale;
+                    s += mv;
+                    const float m_old = sc.m[i];
+                    float ms = 1.0f, vs = 1.0f;
+                    float * acc = sc.acc.data() + i * DV;
+                    if (s > sc.m[i]) {
+                        sc.m[i] = s;
+                        ms = expf(m_old - s);
+                        ggml_vec_scale_f32(DV, acc, ms);
+                    } else {
+                        vs = expf(s - sc.m[i]);
+                    }
+                    ggml_vec_mad_f32(DV, acc, sc.v32.data(), vs);
+                    sc.s[i] = sc.s[i] * ms + vs;
+                }
+            }
+        }
+        for (int64_t i = 0; i < nq; ++i) {
+            const int64_t iq2 = h0 + i / nr, iq1 = r0 + i % nr;
+            float * acc = sc.acc.data() + i * DV;
+            const float s_inv = sc.s[i] == 0.0f ? 0.0f : 1.0f / sc.s[i];
+            ggml_vec_scale_f32(DV, acc, s_inv);
+            memcpy((char *) dst->data + (iq3 * ne2 * ne1 + iq2 + iq1 * ne1) * nb1, acc, nb1);
+        }
+    }
+    return true;
+}

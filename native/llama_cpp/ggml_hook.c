@@ -1,0 +1,118 @@
+// The glue between ggml's CPU matmul and specserve's Q8_0 kernel (q8_matmul.h).
+//
+// patches/ggml-cpu.patch calls specserve_q8_0_mul_mat from ggml_compute_forward_mul_mat,
+// after ggml has quantized the activations (src1, F32) into Q8_0 rows in its work buffer
+// with its own quantize_row_q8_0 and every thread has passed the barrier, just where the
+// stock code would hand the same rows to llamafile's tinyBLAS. It takes 2-D products of
+// Q8_0 weights kept in ggml's plain layout with at least two activation rows and returns
+// false for anything else, which then runs the stock code unchanged. One row (decoding)
+// stays with ggml's vec_dot: it streams the weights once already, and computes the same
+// bits (q8_matmul.h), so which of the two serves a row never changes its result.
+//
+// Threads take chunks (a range of weight rows x a range of activation rows) from ggml's
+// shared chunk counter, as the stock code does: who computes an element changes nothing in
+// how it is computed.
+#include "ggml-cpu-impl.h"
+#include "ggml-impl.h"
+#include "q8_matmul.h"
+#include "specserve.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+// -1: not read yet; then 0 (stock kernels) or 1. SPECSERVE_Q8_MATMUL=0 in the environment
+// starts it off; specserve_q8_0_set_enabled switches it at run time (benchmarks compare both
+// in one process).
+static atomic_int specserve_enabled = -1;
+
+int specserve_q8_0_enabled(void) {
+    int on = atomic_load_explicit(&specserve_enabled, memory_order_relaxed);
+    if (on < 0) {
+        const char * env = getenv("SPECSERVE_Q8_MATMUL");
+        // Without a SIMD path the plain-C one would be exact but slow, and ggml's own non-AVX2
+        // vec_dot sums in another order: one row (vec_dot) and several (ours) would then
+        // differ. So there the stock kernels serve everything.
+        on = !(env && strcmp(env, "0") == 0) && strcmp(specserve_q8_0_matmul_isa(), "ref") != 0;
+        atomic_store_explicit(&specserve_enabled, on, memory_order_relaxed);
+    }
+    return on;
+}
+
+void specserve_q8_0_set_enabled(int on) {
+    on = on && strcmp(specserve_q8_0_matmul_isa(), "ref") != 0;
+    atomic_store_explicit(&specserve_enabled, on ? 1 : 0, memory_order_relaxed);
+}
+
+const char * specserve_q8_0_isa(void) {
+    return specserve_q8_0_matmul_isa();
+}
+
+// How many times this process took the kernel (tests check a real model goes through it).
+static atomic_llong specserve_calls = 0;
+
+long long specserve_q8_0_calls(void) {
+    return atomic_load_explicit(&specserve_calls, memory_order_relaxed);
+}
+
+enum {
+    W_CHUNK_MAX = 64,  // weight rows a chunk: 64 x 1632 B of K = 1536 weights stay in L2 beside the rows below
+    W_CHUNK_MIN = 16,
+    A_CHUNK = 64,      // activation rows a chunk (a multiple of SPECSERVE_Q8_0_ACT_GROUP): more only for prefill
+};
+
+// Weight rows a chunk: at least 4 chunks a thread where the matrix allows (192-row K/V
+// projections on 2 threads: 24 rows, 8 chunks, not 64 rows split 2:1), even (the tiles take 2).
+static int64_t weight_chunk(int64_t n_w, int nth) {
+    int64_t rows = (n_w + 4 * nth - 1) / (4 * nth);
+    rows = rows < W_CHUNK_MIN ? W_CHUNK_MIN : rows > W_CHUNK_MAX ? W_CHUNK_MAX : rows;
+    return (rows + 1) & ~(int64_t)1;
+}
+
+bool specserve_q8_0_mul_mat(const struct ggml_compute_params * params, const struct ggml_tensor * dst,
+                            const void * a, size_t a_row_bytes) {
+    const struct ggml_tensor * src0 = dst->src[0];
+    const struct ggml_tensor * src1 = dst->src[1];
+    if (src0->type != GGML_TYPE_Q8_0 || src0->extra != NULL || !specserve_q8_0_enabled()) {
+        return false;
+    }
+    if (src1->ne[1] < 2 || src0->ne[2] != 1 || src0->ne[3] != 1 || src1->ne[2] != 1 || src1->ne[3] != 1) {
+        return false;
+    }
+    if (src0->ne[0] % SPECSERVE_QK8_0 != 0 || dst->nb[0] != sizeof(float)) {
+        return false;
+    }
+    const int64_t n_w = src0->ne[1], n_a = src1->ne[1], nb = src0->ne[0] / SPECSERVE_QK8_0;
+    const size_t dst_stride = dst->nb[1] / sizeof(float);
+    const int64_t w_chunk = weight_chunk(n_w, params->nth);
+    const int64_t w_chunks = (n_w + w_chunk - 1) / w_chunk, a_chunks = (n_a + A_CHUNK - 1) / A_CHUNK;
+    const int64_t chunks = w_chunks * a_chunks;
+    if (params->ith == 0) {
+        atomic_fetch_add_explicit(&specserve_calls, 1, memory_order_relaxed);
+    }
+    // the activations' scales laid out once per call (each thread its own copy: no barrier)
+    static _Thread_local float * act = NULL;
+    static _Thread_local size_t act_cap = 0;
+    const size_t act_size = specserve_q8_0_act_scales_size(n_a, nb);
+    if (act_cap < act_size) {
+        free(act);
+        act = (float *)malloc(act_size * sizeof(float));
+        act_cap = act ? act_size : 0;
+        if (!act) {
+            GGML_ABORT("specserve: out of memory for %zu activation scales", act_size);
+        }
+    }
+    specserve_q8_0_act_scales(a, a_row_bytes, n_a, nb, act);
+    // ggml_compute_forward_mul_mat set the shared counter to nth before the barrier: every
+    // thread starts at its own index, then takes the next free chunk.
+    for (int64_t chunk = params->ith; chunk < chunks; chunk = ggml_threadpool_chunk_add(params->threadpool, 1)) {
+        const int64_t ca = chunk / w_chunks, cw = chunk % w_chunks;  // weight chunks vary fastest: activations stay hot
+        const int64_t r0 = cw * w_chunk, c0 = ca * A_CHUNK;
+        const int64_t nr = n_w - r0 < w_chunk ? n_w - r0 : w_chunk;
+        const int64_t nc = n_a - c0 < A_CHUNK ? n_a - c0 : A_CHUNK;
+        specserve_q8_0_matmul_scaled((const char *)src0->data + r0 * src0->nb[1], src0->nb[1], nr,
+                                     (const char *)a + c0 * a_row_bytes, a_row_bytes, nc, nb,
+                                     specserve_q8_0_act_scales_from(act, c0, nb), (float *)dst->data + c0 * dst_stride + r0, dst_stride);
+    }
+    return true;
+}
