@@ -15,14 +15,27 @@ from pathlib import Path
 from typing import Optional
 
 
-@functools.lru_cache(maxsize=1)
-def _lib() -> Optional[ctypes.CDLL]:
-    """llama.cpp's CPU backend as llama_cpp loaded it (the same handle), or None when the
-    installed build lacks our kernel (a llama-cpp-python built elsewhere)."""
+def _loaded_cpu_backend() -> Optional[Path]:
+    """The file of ggml's CPU backend this process loaded with llama_cpp. A pip-installed wheel
+    holds libggml-cpu.so and libggml-cpu.so.0 as two copies of one library (symlinks become
+    files), and libllama loads the .so.0: opening the other would load a second, separate copy
+    (its own switch and counters), so the mapped one is looked up."""
     import llama_cpp.llama_cpp as low  # loads libllama and, through it, libggml-cpu
 
-    path = Path(low._base_path) / "libggml-cpu.so"
-    if not path.exists():
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        path = line.split(maxsplit=5)[-1]
+        if "/libggml-cpu.so" in path:
+            return Path(path)
+    base = Path(low._base_path)  # no /proc (not Linux): the soname libllama asks for
+    return next((p for p in (base / "libggml-cpu.so.0", base / "libggml-cpu.so") if p.exists()), None)
+
+
+@functools.lru_cache(maxsize=1)
+def _lib() -> Optional[ctypes.CDLL]:
+    """llama.cpp's CPU backend as llama_cpp loaded it (the same copy), or None when the installed
+    build lacks our kernels (a llama-cpp-python built elsewhere)."""
+    path = _loaded_cpu_backend()
+    if path is None:
         return None
     lib = ctypes.CDLL(str(path))
     if not hasattr(lib, "specserve_q8_0_enabled"):
@@ -70,10 +83,9 @@ def build_id() -> str:
     (build_engines/profile_costs.py measures again when it changes): our kernel (its SIMD path,
     on or off) or the stock one, and a digest of the CPU backend library (any rebuild)."""
     import hashlib
-    import llama_cpp.llama_cpp as low
 
-    path = Path(low._base_path) / "libggml-cpu.so"
-    digest = hashlib.sha1(path.read_bytes()).hexdigest()[:12] if path.exists() else "unknown"
+    path = _loaded_cpu_backend()
+    digest = hashlib.sha1(path.read_bytes()).hexdigest()[:12] if path else "unknown"
     state = f"specserve-{isa()}-{'on' if enabled() else 'off'}" if available() else "stock"
     return f"{state}-{digest}"
 

@@ -8,7 +8,8 @@
 // dequantized and added. A verification step of t tokens, or a batch of decoding sequences,
 // repeats that walk for every query (t rows x 3 query heads per KV head for SmolLM2). Here one
 // walk serves all queries of a KV head: the key block's scores come from one Q8_0 matmul
-// (q8_matmul.h: each score bit-identical to ggml's vec_dot), and each V row is dequantized once.
+// (q8_matmul.h: each score bit-identical to ggml's vec_dot), and each V row is dequantized once
+// (with AVX2: ggml-base's dequantize_row_q8_0 is built for plain x86-64).
 // Every query's own sequence of operations is the stock one, in the same order -- the same
 // score, `s*scale + mask`, the same expf calls, the same ggml_vec_scale_f32 / ggml_vec_mad_f32
 // (vec.h) on its accumulator -- so its output is bit-identical to the stock kernel's, whatever
@@ -20,6 +21,8 @@
 #include "q8_matmul.h"
 #include "specserve.h"
 #include "vec.h"
+
+#include <immintrin.h>
 
 #include <algorithm>
 #include <atomic>
@@ -33,6 +36,26 @@ std::atomic<long long> calls{0};  // attention ops this process ran here (tests:
 
 constexpr int64_t KEY_BLOCK = 64;   // keys scored per matmul
 constexpr int64_t MAX_QUERIES = 96; // queries a unit (32 rows x 3 heads): scratch stays in L2
+
+// One V row of Q8_0 blocks to floats: y = float(q) * fp32(d), as ggml's dequantize_row_q8_0 (ggml-base
+// is built for any x86-64, so its loop is SSE2; the product is exact to the same one rounding).
+inline void dequantize_q8_0(const void * x, float * y, int64_t n) {
+    const auto * blk = (const specserve_block_q8_0 *) x;
+    for (int64_t b = 0; b < n / SPECSERVE_QK8_0; ++b) {
+        const float d = GGML_CPU_FP16_TO_FP32(blk[b].d);
+#if defined(__AVX2__)
+        const __m256 dv = _mm256_set1_ps(d);
+        for (int j = 0; j < SPECSERVE_QK8_0; j += 8) {
+            const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) (blk[b].qs + j)));
+            _mm256_storeu_ps(y + b * SPECSERVE_QK8_0 + j, _mm256_mul_ps(_mm256_cvtepi32_ps(q), dv));
+        }
+#else
+        for (int j = 0; j < SPECSERVE_QK8_0; ++j) {
+            y[b * SPECSERVE_QK8_0 + j] = blk[b].qs[j] * d;
+        }
+#endif
+    }
+}
 
 struct Scratch {
     std::vector<char> q8;      // the unit's queries as Q8_0 rows
@@ -77,7 +100,7 @@ bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct
     GGML_TENSOR_LOCALS(int64_t, ne, dst, ne)
     GGML_TENSOR_LOCALS(size_t, nb, dst, nb)
     const int64_t DK = nek0, DV = nev0, N = neq1;
-    if (DK % SPECSERVE_QK8_0 != 0 || neq0 != DK || nek2 != nev2 || neq2 % nek2 != 0 || neq3 != nek3 ||
+    if (DK % SPECSERVE_QK8_0 != 0 || DV % SPECSERVE_QK8_0 != 0 || neq0 != DK || nek2 != nev2 || neq2 % nek2 != 0 || neq3 != nek3 ||
         nek3 != nev3 || nek1 != nev1 || nbq0 != sizeof(float) || nb0 != sizeof(float)) {
         return false;
     }
@@ -99,11 +122,11 @@ bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct
     const int64_t units = groups * head_split * row_split;
 
     const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
-    const ggml_to_float_t dequantize_v = ggml_get_type_traits(GGML_TYPE_Q8_0)->to_float;
     const size_t q_row = ggml_row_size(GGML_TYPE_Q8_0, DK);
     const int64_t nb_dk = DK / SPECSERVE_QK8_0;
 
-    static thread_local Scratch sc;
+    static thread_local Scratch scratch;
+    Scratch & sc = scratch;  // one TLS lookup (a shared library's thread_local costs a call each time)
     const int64_t qmax = heads_per_unit * rows_per_unit;
     sc.q8.resize(qmax * q_row);
     sc.scores.resize(qmax * KEY_BLOCK);
@@ -148,39 +171,43 @@ bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct
             n_keys = std::max(n_keys, last);
         }
 
+        float * scores = sc.scores.data();
+        float * m = sc.m.data();
+        float * sum = sc.s.data();
+        float * v32 = sc.v32.data();
+        const ggml_fp16_t * const * masks = sc.mask.data();
         const char * k_base = (const char *) k->data + ik2 * nbk2 + iq3 * nbk3;
         const char * v_base = (const char *) v->data + ik2 * nbv2 + iq3 * nbv3;
         for (int64_t kb = 0; kb < n_keys; kb += KEY_BLOCK) {
             const int64_t nk = std::min(KEY_BLOCK, n_keys - kb);
             // scores[i][j] = dot(key kb + j, query i): ggml's vec_dot_q8_0_q8_0, bit for bit
-            specserve_q8_0_matmul(k_base + kb * nbk1, nbk1, nk, sc.q8.data(), q_row, nq, nb_dk,
-                                  sc.scores.data(), KEY_BLOCK);
+            specserve_q8_0_matmul(k_base + kb * nbk1, nbk1, nk, sc.q8.data(), q_row, nq, nb_dk, scores, KEY_BLOCK);
             for (int64_t j = 0; j < nk; ++j) {
                 const int64_t ic = kb + j;
                 bool v_ready = false;
                 for (int64_t i = 0; i < nq; ++i) {
-                    const float mv = sc.mask[i] ? GGML_CPU_FP16_TO_FP32(sc.mask[i][ic]) : 0.0f;
+                    const float mv = masks[i] ? GGML_CPU_FP16_TO_FP32(masks[i][ic]) : 0.0f;
                     if (mv == -INFINITY) {
                         continue;
                     }
                     if (!v_ready) {
-                        dequantize_v(v_base + ic * nbv1, sc.v32.data(), DV);
+                        dequantize_q8_0(v_base + ic * nbv1, v32, DV);
                         v_ready = true;
                     }
-                    float s = sc.scores[i * KEY_BLOCK + j] * scale;
+                    float s = scores[i * KEY_BLOCK + j] * scale;
                     s += mv;
-                    const float m_old = sc.m[i];
+                    const float m_old = m[i];
                     float ms = 1.0f, vs = 1.0f;
                     float * acc = sc.acc.data() + i * DV;
-                    if (s > sc.m[i]) {
-                        sc.m[i] = s;
+                    if (s > m[i]) {
+                        m[i] = s;
                         ms = expf(m_old - s);
                         ggml_vec_scale_f32(DV, acc, ms);
                     } else {
-                        vs = expf(s - sc.m[i]);
+                        vs = expf(s - m[i]);
                     }
-                    ggml_vec_mad_f32(DV, acc, sc.v32.data(), vs);
-                    sc.s[i] = sc.s[i] * ms + vs;
+                    ggml_vec_mad_f32(DV, acc, v32, vs);
+                    sum[i] = sum[i] * ms + vs;
                 }
             }
         }

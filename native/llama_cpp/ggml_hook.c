@@ -91,16 +91,17 @@ bool specserve_q8_0_mul_mat(const struct ggml_compute_params * params, const str
         atomic_fetch_add_explicit(&specserve_calls, 1, memory_order_relaxed);
     }
     // the activations' scales laid out once per call (each thread its own copy: no barrier)
-    static _Thread_local float * act = NULL;
-    static _Thread_local size_t act_cap = 0;
+    static _Thread_local float * tls_act = NULL;  // read once: a library's TLS costs a call each time
+    static _Thread_local size_t tls_cap = 0;
+    float * act = tls_act;
     const size_t act_size = specserve_q8_0_act_scales_size(n_a, nb);
-    if (act_cap < act_size) {
+    if (tls_cap < act_size) {
         free(act);
-        act = (float *)malloc(act_size * sizeof(float));
-        act_cap = act ? act_size : 0;
+        act = tls_act = (float *)malloc(act_size * sizeof(float));
         if (!act) {
             GGML_ABORT("specserve: out of memory for %zu activation scales", act_size);
         }
+        tls_cap = act_size;
     }
     specserve_q8_0_act_scales(a, a_row_bytes, n_a, nb, act);
     // ggml_compute_forward_mul_mat set the shared counter to nth before the barrier: every

@@ -123,7 +123,7 @@ constexpr int TR = 2, TC = SPECSERVE_Q8_0_ACT_GROUP;
 
 template <int C>  // C <= TC activation rows of one group (the last group may hold fewer)
 static inline void tile(const char * w, size_t ws, int R, const char * a, size_t as, int64_t nb,
-                        const float * wd, const float * act, float * dst, size_t dst_stride) {
+                        const float * wd, const float * act, float * dst, size_t dst_stride, const char * ahead) {
     __m256 acc[TR][C];
 #pragma GCC unroll 8
     for (int r = 0; r < TR; ++r) {
@@ -134,6 +134,10 @@ static inline void tile(const char * w, size_t ws, int R, const char * a, size_t
     const size_t ws2 = R == 2 ? ws : 0;
     alignas(32) float prod[8];
     for (int64_t b = 0; b < nb; ++b) {
+        if (ahead) {  // the next weight rows start their way from memory under this tile's compute
+            _mm_prefetch(ahead + b * sizeof(specserve_block_q8_0), _MM_HINT_T0);
+            _mm_prefetch(ahead + ws + b * sizeof(specserve_block_q8_0), _MM_HINT_T0);
+        }
         const __m256 wv = _mm256_castpd_ps(_mm256_broadcast_sd((const double *)(wd + 2 * b)));
         _mm256_store_ps(prod, _mm256_mul_ps(wv, _mm256_load_ps(act + 8 * b)));
         const auto * w0 = (const specserve_block_q8_0 *)w + b;
@@ -184,7 +188,8 @@ extern "C" void specserve_q8_0_matmul_scaled(const void * w, size_t w_row_bytes,
                                              const float * act_scales, float * dst, size_t dst_stride) {
     const char * wc = (const char *)w;
     const char * ac = (const char *)a;
-    static thread_local std::vector<float> wd;
+    static thread_local std::vector<float> wd_buf;
+    std::vector<float> & wd = wd_buf;  // one TLS lookup
     if (wd.size() < (size_t)(2 * nb)) wd.resize(2 * nb);
     for (int64_t r = 0; r < n_w; r += TR) {
         const int R = n_w - r >= TR ? TR : 1;
@@ -196,11 +201,14 @@ extern "C" void specserve_q8_0_matmul_scaled(const void * w, size_t w_row_bytes,
         for (int64_t c = 0; c < n_a; c += TC) {
             const float * act = specserve_q8_0_act_scales_from(act_scales, c, nb);
             float * out = dst + c * dst_stride + r;
+            // the first tile of a row pair fetches the next pair (two rows on: past n_w it stops)
+            const char * ahead = c == 0 && r + 2 * TR <= n_w ? wr + TR * w_row_bytes : nullptr;
+            const char * ar = ac + c * a_row_bytes;
             switch (n_a - c >= TC ? TC : n_a - c) {
-                case 4: tile<4>(wr, w_row_bytes, R, ac + c * a_row_bytes, a_row_bytes, nb, wd.data(), act, out, dst_stride); break;
-                case 3: tile<3>(wr, w_row_bytes, R, ac + c * a_row_bytes, a_row_bytes, nb, wd.data(), act, out, dst_stride); break;
-                case 2: tile<2>(wr, w_row_bytes, R, ac + c * a_row_bytes, a_row_bytes, nb, wd.data(), act, out, dst_stride); break;
-                default: tile<1>(wr, w_row_bytes, R, ac + c * a_row_bytes, a_row_bytes, nb, wd.data(), act, out, dst_stride); break;
+                case 4: tile<4>(wr, w_row_bytes, R, ar, a_row_bytes, nb, wd.data(), act, out, dst_stride, ahead); break;
+                case 3: tile<3>(wr, w_row_bytes, R, ar, a_row_bytes, nb, wd.data(), act, out, dst_stride, ahead); break;
+                case 2: tile<2>(wr, w_row_bytes, R, ar, a_row_bytes, nb, wd.data(), act, out, dst_stride, ahead); break;
+                default: tile<1>(wr, w_row_bytes, R, ar, a_row_bytes, nb, wd.data(), act, out, dst_stride, ahead); break;
             }
         }
     }
