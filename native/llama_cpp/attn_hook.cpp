@@ -7,9 +7,12 @@
 // query row and head: for each key a Q8_0 dot product, an online-softmax update and a V row
 // dequantized and added. A verification step of t tokens, or a batch of decoding sequences,
 // repeats that walk for every query (t rows x 3 query heads per KV head for SmolLM2). Here one
-// walk serves all queries of a KV head: the key block's scores come from one Q8_0 matmul
-// (q8_matmul.h: each score bit-identical to ggml's vec_dot), and each V row is dequantized once
-// (with AVX2: ggml-base's dequantize_row_q8_0 is built for plain x86-64).
+// walk serves all queries of a KV head, a block of 64 keys at a time: the block's scores come from
+// one Q8_0 matmul (q8_matmul.h: each score bit-identical to ggml's vec_dot), its V rows are
+// dequantized once (with AVX2: ggml-base's dequantize_row_q8_0 is built for plain x86-64); then
+// each query's online softmax runs over the block (scalar, expf), and last the accumulators take
+// the block's V rows with 32 floats of two queries held in registers (the stock loop loads and
+// stores its whole accumulator for every key).
 // Every query's own sequence of operations is the stock one, in the same order -- the same
 // score, `s*scale + mask`, the same expf calls, the same ggml_vec_scale_f32 / ggml_vec_mad_f32
 // (vec.h) on its accumulator -- so its output is bit-identical to the stock kernel's, whatever
@@ -57,11 +60,52 @@ inline void dequantize_q8_0(const void * x, float * y, int64_t n) {
     }
 }
 
+// vs of a key the query must not see (its mask is -inf): no update at all
+constexpr float SKIP = -1.0f;
+
+// Two queries' accumulators (32 floats each, from a and b) through a block of nk keys: per key,
+// acc *= ms (when ms != 1) then acc = fma(v, vs, acc) -- ggml_vec_scale_f32 and ggml_vec_mad_f32
+// on these 32 floats, kept in 8 registers instead of memory. `same`: b is a (an odd query out).
+inline void accumulate(float * a, float * b, const float * v, int64_t v_stride, int64_t nk,
+                       const float * ms_a, const float * vs_a, const float * ms_b, const float * vs_b, bool same) {
+    __m256 x0 = _mm256_loadu_ps(a), x1 = _mm256_loadu_ps(a + 8), x2 = _mm256_loadu_ps(a + 16), x3 = _mm256_loadu_ps(a + 24);
+    __m256 y0 = _mm256_loadu_ps(b), y1 = _mm256_loadu_ps(b + 8), y2 = _mm256_loadu_ps(b + 16), y3 = _mm256_loadu_ps(b + 24);
+    for (int64_t j = 0; j < nk; ++j, v += v_stride) {
+        if (vs_a[j] != SKIP) {
+            if (ms_a[j] != 1.0f) {
+                const __m256 m = _mm256_set1_ps(ms_a[j]);
+                x0 = _mm256_mul_ps(x0, m); x1 = _mm256_mul_ps(x1, m); x2 = _mm256_mul_ps(x2, m); x3 = _mm256_mul_ps(x3, m);
+            }
+            const __m256 w = _mm256_set1_ps(vs_a[j]);
+            x0 = _mm256_fmadd_ps(_mm256_loadu_ps(v), w, x0);
+            x1 = _mm256_fmadd_ps(_mm256_loadu_ps(v + 8), w, x1);
+            x2 = _mm256_fmadd_ps(_mm256_loadu_ps(v + 16), w, x2);
+            x3 = _mm256_fmadd_ps(_mm256_loadu_ps(v + 24), w, x3);
+        }
+        if (!same && vs_b[j] != SKIP) {
+            if (ms_b[j] != 1.0f) {
+                const __m256 m = _mm256_set1_ps(ms_b[j]);
+                y0 = _mm256_mul_ps(y0, m); y1 = _mm256_mul_ps(y1, m); y2 = _mm256_mul_ps(y2, m); y3 = _mm256_mul_ps(y3, m);
+            }
+            const __m256 w = _mm256_set1_ps(vs_b[j]);
+            y0 = _mm256_fmadd_ps(_mm256_loadu_ps(v), w, y0);
+            y1 = _mm256_fmadd_ps(_mm256_loadu_ps(v + 8), w, y1);
+            y2 = _mm256_fmadd_ps(_mm256_loadu_ps(v + 16), w, y2);
+            y3 = _mm256_fmadd_ps(_mm256_loadu_ps(v + 24), w, y3);
+        }
+    }
+    _mm256_storeu_ps(a, x0); _mm256_storeu_ps(a + 8, x1); _mm256_storeu_ps(a + 16, x2); _mm256_storeu_ps(a + 24, x3);
+    if (!same) {
+        _mm256_storeu_ps(b, y0); _mm256_storeu_ps(b + 8, y1); _mm256_storeu_ps(b + 16, y2); _mm256_storeu_ps(b + 24, y3);
+    }
+}
+
 struct Scratch {
     std::vector<char> q8;      // the unit's queries as Q8_0 rows
     std::vector<float> scores; // [query][key in block]
     std::vector<float> acc;    // [query][DV]: each query's VKQ accumulator
-    std::vector<float> v32;    // one V row dequantized
+    std::vector<float> vrows;  // the key block's V rows dequantized, [key][DV]
+    std::vector<float> ms, vs; // [query][key in block]: scale of the accumulator, weight of V
     std::vector<float> m, s;   // each query's running max and sum
     std::vector<const ggml_fp16_t *> mask;  // each query's mask row
 };
@@ -77,6 +121,9 @@ bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct
     const ggml_tensor * k = dst->src[1];
     const ggml_tensor * v = dst->src[2];
     const ggml_tensor * mask = dst->src[3];
+#if !defined(__AVX2__) || !defined(__FMA__)
+    return false;  // the accumulators' registers below are AVX2 (the matmul's hook stands aside there too)
+#endif
     if (params->use_ref || !specserve_q8_0_enabled() || dst->src[4] != nullptr) {
         return false;
     }
@@ -131,7 +178,9 @@ bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct
     sc.q8.resize(qmax * q_row);
     sc.scores.resize(qmax * KEY_BLOCK);
     sc.acc.resize(qmax * DV);
-    sc.v32.resize(DV);
+    sc.vrows.resize(KEY_BLOCK * DV);
+    sc.ms.resize(qmax * KEY_BLOCK);
+    sc.vs.resize(qmax * KEY_BLOCK);
     sc.m.resize(qmax);
     sc.s.resize(qmax);
     sc.mask.resize(qmax);
@@ -174,7 +223,10 @@ bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct
         float * scores = sc.scores.data();
         float * m = sc.m.data();
         float * sum = sc.s.data();
-        float * v32 = sc.v32.data();
+        float * vrows = sc.vrows.data();
+        float * ms_all = sc.ms.data();
+        float * vs_all = sc.vs.data();
+        float * acc_all = sc.acc.data();
         const ggml_fp16_t * const * masks = sc.mask.data();
         const char * k_base = (const char *) k->data + ik2 * nbk2 + iq3 * nbk3;
         const char * v_base = (const char *) v->data + ik2 * nbv2 + iq3 * nbv3;
@@ -183,31 +235,49 @@ bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct
             // scores[i][j] = dot(key kb + j, query i): ggml's vec_dot_q8_0_q8_0, bit for bit
             specserve_q8_0_matmul(k_base + kb * nbk1, nbk1, nk, sc.q8.data(), q_row, nq, nb_dk, scores, KEY_BLOCK);
             for (int64_t j = 0; j < nk; ++j) {
-                const int64_t ic = kb + j;
-                bool v_ready = false;
-                for (int64_t i = 0; i < nq; ++i) {
-                    const float mv = masks[i] ? GGML_CPU_FP16_TO_FP32(masks[i][ic]) : 0.0f;
+                dequantize_q8_0(v_base + (kb + j) * nbv1, vrows + j * DV, DV);
+            }
+            // 1. each query's online softmax over the block, in key order, as the stock loop:
+            //    the factor its accumulator is scaled by (ms) and V's weight (vs) per key
+            for (int64_t i = 0; i < nq; ++i) {
+                float mi = m[i], si = sum[i];
+                float * msi = ms_all + i * KEY_BLOCK;
+                float * vsi = vs_all + i * KEY_BLOCK;
+                for (int64_t j = 0; j < nk; ++j) {
+                    const float mv = masks[i] ? GGML_CPU_FP16_TO_FP32(masks[i][kb + j]) : 0.0f;
                     if (mv == -INFINITY) {
+                        msi[j] = 1.0f;
+                        vsi[j] = SKIP;
                         continue;
                     }
-                    if (!v_ready) {
-                        dequantize_q8_0(v_base + ic * nbv1, v32, DV);
-                        v_ready = true;
-                    }
-                    float s = scores[i * KEY_BLOCK + j] * scale;
-                    s += mv;
-                    const float m_old = m[i];
+                    float sv = scores[i * KEY_BLOCK + j] * scale;  // fused with the add or not: mv is 0 here
+                    sv += mv;
+                    const float m_old = mi;
                     float ms = 1.0f, vs = 1.0f;
-                    float * acc = sc.acc.data() + i * DV;
-                    if (s > m[i]) {
-                        m[i] = s;
-                        ms = expf(m_old - s);
-                        ggml_vec_scale_f32(DV, acc, ms);
+                    if (sv > mi) {
+                        mi = sv;
+                        ms = expf(m_old - sv);
                     } else {
-                        vs = expf(s - m[i]);
+                        vs = expf(sv - mi);
                     }
-                    ggml_vec_mad_f32(DV, acc, v32, vs);
-                    sum[i] = sum[i] * ms + vs;
+                    // stock's `S = S*ms + vs` is compiled to one fma (GCC contracts it with -mfma);
+                    // written out here, as the compiler left this loop's unfused (1 ulp apart)
+                    si = std::fma(si, ms, vs);
+                    msi[j] = ms;
+                    vsi[j] = vs;
+                }
+                m[i] = mi;
+                sum[i] = si;
+            }
+            // 2. the accumulators, 32 floats at a time in registers for two queries, take the same
+            //    products in the same order as ggml_vec_scale_f32 / ggml_vec_mad_f32 would (a
+            //    scale by 1.0 is the identity and is left out)
+            for (int64_t i = 0; i < nq; i += 2) {
+                const int64_t i1 = std::min(i + 1, nq - 1);  // an odd last query runs beside itself
+                for (int64_t h = 0; h < DV; h += 32) {
+                    accumulate(acc_all + i * DV + h, acc_all + i1 * DV + h, vrows + h, DV, nk,
+                               ms_all + i * KEY_BLOCK, vs_all + i * KEY_BLOCK,
+                               ms_all + i1 * KEY_BLOCK, vs_all + i1 * KEY_BLOCK, i1 == i);
                 }
             }
         }

@@ -63,6 +63,31 @@ def test_logits_equal_the_stock_kernels_bit_for_bit(engine, name):
         assert after["matmul"] > before["matmul"]
 
 
+@pytest.fixture(scope="module")
+def long_engine(checkpoint):
+    eng = LlamaCpp(served_gguf(checkpoint), max_slots=2, max_context=1100)
+    step(eng, [0], [prompt(5, 1024)], [0])
+    step(eng, [1], [[11] * 1024], [0])  # one token repeated: many equal keys, long equal sums
+    yield eng
+    q8_kernel.set_enabled(True)
+    eng.close()
+
+
+@pytest.mark.parametrize("slot", [0, 1])
+@pytest.mark.parametrize("t", [16, 32])
+def test_logits_equal_the_stock_kernels_after_a_long_context(long_engine, slot, t):
+    """1,024 cached tokens: 17 blocks of keys and long softmax sums (an fma against a multiply
+    and an add there once made the last bit of some sums differ: after 1,024 repeated tokens,
+    not after 96)."""
+    news = [[7 + i for i in range(t)]]
+    q8_kernel.set_enabled(True)
+    ours = step(long_engine, [slot], news, [1024])
+    q8_kernel.set_enabled(False)
+    stock = step(long_engine, [slot], news, [1024])
+    q8_kernel.set_enabled(True)
+    assert np.array_equal(bits(ours), bits(stock))
+
+
 @pytest.mark.parametrize("t", [2, 7, 16, 32])
 def test_a_position_is_the_same_verified_in_one_step_or_decoded_one_by_one(engine, t):
     """A verification step of t tokens against t decoding steps (tolerance 0), with a second
