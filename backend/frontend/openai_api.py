@@ -18,8 +18,11 @@ the distribution it was sampled from and its most likely alternatives (the engin
 `return_log_probs` / `return_top_log_probs`), token strings by decoding each id alone. Anything else
 is refused with an OpenAI-shaped error naming it (`logit_bias`, `tools`, ... are not served yet:
 refused rather than ignored, so a client never gets output that silently disregards a setting).
-Every error is OpenAI-shaped ({"error": {message, type, param, code}}), unknown /v1 routes included;
-those refused here, before Triton, are counted in the edge's refusals (backend/frontend/metrics.py).
+Every error is OpenAI-shaped ({"error": {message, type, param, code}}), unknown /v1 routes and what the
+edge refuses on /v1 (oversized headers, a body that does not match its Content-Encoding, a media type
+other than application/json: backend/frontend/body_format.py) included; a stream Triton stops sending
+ends with an error chunk and `data: [DONE]`. Those refused here, before Triton, are counted in the
+edge's refusals (backend/frontend/metrics.py).
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ from typing import Optional
 import numpy as np
 from aiohttp import web
 
-from .http_body import EdgeError, lone_surrogate, surrogate_message
+from .http_body import EdgeError, close_after, lone_surrogate, surrogate_message
 from ..wire import ErrorKind, error_kind
 
 log = logging.getLogger("specserve.openai")
@@ -410,6 +413,11 @@ class OpenAIApi:
             refusals.count("openai", e.status, e.code)
         return error_response(e)
 
+    async def _refuse_read(self, request: web.Request, e: ApiError) -> web.Response:
+        """_refused, closing the connection of a client whose body stalled (408) as the edge does."""
+        resp = self._refused(e)
+        return await close_after(request, resp) if e.status == 408 else resp
+
     async def _close(self, app) -> None:
         if self.client is not None:
             await self.client.close()
@@ -491,6 +499,9 @@ class OpenAIApi:
             self._check_model(p["model"])
             needs_default = p["max_tokens"] is None and (p["min_tokens"] or p["ignore_eos"])
             resolve_lengths(p, await self._default_max_tokens() if needs_default else None)
+        except ApiError as e:
+            return await self._refuse_read(request, e)
+        try:  # only the template's own failures are the template's
             prompt = (await self._chat_template()).render(messages)
         except ApiError as e:
             return self._refused(e)
@@ -505,7 +516,7 @@ class OpenAIApi:
             self._check_model(p["model"])
             resolve_lengths(p, None)  # max_tokens is always set (16)
         except ApiError as e:
-            return self._refused(e)
+            return await self._refuse_read(request, e)
         return await self._run(request, p, prompt, chat=False, echo=echo)
 
     # -- running requests ------------------------------------------------------------------------------
