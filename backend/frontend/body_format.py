@@ -11,10 +11,11 @@ Media type (`Content-Type`): a body is JSON in UTF-8 (RFC 8259). What each inter
 decided by the clients that use it, so that none of them breaks:
 
 - the OpenAI API (/v1): `application/json` (or a `+json` type), as the openai client and
-  genai-perf send; anything else, no Content-Type included, is 415 (OpenAI's own API refuses it too);
-- Triton's protocol (/v2): also no Content-Type (tritonclient.http), `application/octet-stream`
-  (tritonclient.http.aio; binary tensor data) and `application/x-www-form-urlencoded` (what
-  `curl -d` sends, as in the README's examples; Triton itself accepts it). Other types
+  genai-perf (perf_analyzer's OpenAI client) send; anything else, no Content-Type included, is 415;
+- Triton's protocol (/v2): also no Content-Type (tritonclient.http; perf_analyzer's and the C++
+  client's model-control calls), `application/octet-stream` (tritonclient.http.aio, and the C++
+  client / perf_analyzer -i http with binary tensor data) and `application/x-www-form-urlencoded`
+  (what `curl -d` sends, as in the README's examples; Triton itself accepts it). Other types
   (`text/plain`, `multipart/form-data`, ...) are 415.
 
 Everywhere a `charset` other than UTF-8 is 415, and so is a body in UTF-16 or UTF-32 whatever its
