@@ -65,7 +65,7 @@ READ_TIMEOUT_S = 30.0  # a client's time to send its headers, and again its body
 # reach it (its memory per connection stays under 128 headers of that size).
 MAX_HEADER_BYTES = 32 << 10
 HEADER_PARSE_LIMIT = 128 << 10
-STREAM_BROKEN = ErrorKind.INTERNAL.message("the inference server stopped while this response was streaming "
+STREAM_BROKEN = ErrorKind.INTERNAL.message("the inference server stopped while running this request "
                                            "(it is being restarted); retry")
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
               "transfer-encoding", "upgrade", "content-length", "host", "expect"}

@@ -36,6 +36,7 @@ from typing import Optional
 import numpy as np
 from aiohttp import web
 
+from .edge import STREAM_BROKEN
 from .http_body import EdgeError, close_after, lone_surrogate, surrogate_message
 from ..wire import ErrorKind, error_kind
 
@@ -60,6 +61,10 @@ ROLES = {"system", "developer", "user", "assistant"}
 # The routes of this API and their methods: another method answers 405, another /v1 path 404.
 ROUTES = {"/v1/models": "GET", "/v1/chat/completions": "POST", "/v1/completions": "POST"}
 MODEL_OBJECT = {"id": ENGINE_MODEL, "object": "model", "created": 0, "owned_by": "specserve"}
+
+
+class UpstreamGone(Exception):
+    """Triton's gRPC connection failed or broke (Triton is down or died): no model error, no message."""
 
 
 class ApiError(Exception):
@@ -556,8 +561,11 @@ class OpenAIApi:
     async def _events(self, prompt: str, p: dict):
         """n requests on one gRPC stream -> async iterator of (index, text, finish_reason or None,
         num_input_tokens, num_output_tokens, log probs: {ids, lps, top_ids, top_lps} of this
-        response's tokens when p["logprobs"], else None); ApiError on any request's error. Leaving
-        early (a client gone) cancels the stream, which cancels the requests."""
+        response's tokens when p["logprobs"], else None); ApiError on any request's error,
+        UpstreamGone when Triton cannot be reached or dies. Leaving early (a client gone) cancels the
+        stream, which cancels the requests."""
+        import grpc
+
         requests = [{"model_name": ENGINE_MODEL, "inputs": self._inputs(prompt, p, i), "request_id": str(i)}
                     for i in range(p["n"])]
 
@@ -578,6 +586,9 @@ class OpenAIApi:
                 nin, nout = (int(result.as_numpy(k).reshape(-1)[0]) if result.as_numpy(k) is not None else 0
                              for k in ("num_input_tokens", "num_output_tokens"))
                 yield index, text, finish, nin, nout, _logprobs(result) if p.get("logprobs") else None
+        except grpc.RpcError as e:  # the connection, not the model (its errors are messages above)
+            log.warning("Triton's gRPC stream failed: %s", e)
+            raise UpstreamGone() from None
         finally:
             stream.cancel()
 
@@ -605,6 +616,8 @@ class OpenAIApi:
             return error_response(e)
         except StopAsyncIteration:
             return error_response(ApiError(500, f"{ErrorKind.INTERNAL.prefix}: the model sent no response; see the server log"))
+        except UpstreamGone:
+            return self._refused(ApiError(503, "the inference server is not reachable; retry later"))
         except Exception:
             log.exception("OpenAI request failed")
             return self._refused(ApiError(503, "the inference server is not reachable; retry later"))
@@ -632,6 +645,8 @@ class OpenAIApi:
                     break
         except ApiError as e:
             return error_response(e)
+        except UpstreamGone:
+            return error_response(ApiError(500, STREAM_BROKEN))
         except Exception:
             log.exception("OpenAI request failed")
             return error_response(ApiError(500, f"{ErrorKind.INTERNAL.prefix} while running this request; see the server log"))
@@ -692,7 +707,9 @@ class OpenAIApi:
                 except StopAsyncIteration:
                     break
         except Exception as e:  # after the 200: the error as an event, as OpenAI does
-            if not isinstance(e, ApiError):
+            if isinstance(e, UpstreamGone):  # Triton died: the client learns it did not finish
+                e = ApiError(500, STREAM_BROKEN)
+            elif not isinstance(e, ApiError):
                 log.exception("OpenAI stream failed")
                 e = ApiError(500, f"{ErrorKind.INTERNAL.prefix} while running this request; see the server log")
             await send(e.body())

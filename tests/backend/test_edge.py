@@ -565,6 +565,6 @@ def test_a_stream_triton_stops_sending_ends_with_an_error_event():
         assert status == 200 and "chunked" in head.lower()
         assert answer.endswith(b"0\r\n\r\n"), answer  # the last chunk: a complete response
         events = [json.loads(line[len(b"data: "):]) for line in answer.split(b"\r\n") if line.startswith(b"data: ")]
-        assert events[0] == {"text_output": "Paris"} and "stopped while this response was streaming" in events[-1]["error"]
+        assert events[0] == {"text_output": "Paris"} and "stopped while running this request" in events[-1]["error"]
 
     edge_test(main)
