@@ -293,21 +293,25 @@ def test_admin_key_is_on_no_command_line(log_path):
 
 
 # -- a crash at any moment (issue 42) -------------------------------------------------------------
-def llm_stub_of(launcher_pid: int, timeout: float = 120.0) -> tuple:
+def llm_stub_of(launcher_pid: int, old_server: int | None = None, timeout: float = 120.0) -> tuple:
     """(tritonserver pid, pid of its `llm` model's stub) as soon as that stub exists: while Triton
-    is still loading the model (`pgrep -f model_repository/llm/1/model.py`)."""
+    is still loading the model (`pgrep -f model_repository/llm/1/model.py`); not old_server's."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            server = triton_pid(launcher_pid)
-        except AssertionError:
-            server = None
         for pid, argv in _stubs():
-            if server is not None and argv[5] == str(server) and "model_repository/llm/1/model.py" in argv[1] \
-                    and _alive(pid):
+            server = int(argv[5]) if argv[5].isdigit() else 0
+            if server != old_server and "model_repository/llm/1/model.py" in argv[1] and _alive(pid) \
+                    and _alive(server) and _ppid(server) == launcher_pid:
                 return server, pid
         time.sleep(0.02)
     raise AssertionError("no stub of the llm model appeared")
+
+
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def assert_loading(ports) -> None:
@@ -315,39 +319,45 @@ def assert_loading(ports) -> None:
     assert status == 503, (status, text)  # not ready yet: the stub was caught during the load
 
 
-def test_a_stub_that_dies_or_hangs_while_triton_loads_is_restarted(log_path):
-    """The issue's reproducer: kill -9 of the llm stub as soon as it exists, while Triton loads.
-    Triton 2.51 then waits for it forever (readiness 503 for good, the stub a zombie); the launcher
-    restarts it. Then a stub that hangs (SIGSTOP) during a restart's load: Triton is restarted when
-    its start deadline (SPECSERVE_START_TIMEOUT_S) passes."""
-    start_timeout = 45
+def wait_log(log_path: Path, words: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while words not in log_path.read_text():
+        assert time.monotonic() < deadline, f"the launcher never logged {words!r}: {log_path.read_text()[-3000:]}"
+        time.sleep(0.2)
+
+
+def test_a_stub_that_hangs_or_dies_while_triton_loads_is_restarted(log_path):
+    """A stub that hangs (SIGSTOP) while Triton loads: Triton is restarted when its start deadline
+    (SPECSERVE_START_TIMEOUT_S, 20 s here) passes. Then the issue's reproducer: kill -9 of the llm
+    stub as soon as it exists, while a restart loads; Triton 2.51 waits for it forever (readiness
+    503 for good, the stub a zombie): the launcher restarts it at once. A load slower than the
+    deadline on a busy machine only doubles it (40, 80 s ...): the server is ready in the end."""
+    start_timeout = 20
     with open(log_path, "w") as log:
         proc, ports = launch_server(env=dict(ENV, SPECSERVE_START_TIMEOUT_S=str(start_timeout)), log_file=log)
     try:
         server, stub = llm_stub_of(proc.pid)
+        os.kill(stub, signal.SIGSTOP)
         assert_loading(ports)
+        wait_log(log_path, f"tritonserver was not ready {start_timeout} s after it started", start_timeout + 30)
+        took = wait_ready(ports, 300)
+        assert triton_pid(proc.pid) != server and not _alive(stub)
+        print(f"llm stub stopped while loading: ready {took:.1f} s after the deadline")
+
+        old = triton_pid(proc.pid)
+        os.kill(old, signal.SIGKILL)  # a restart, whose llm stub dies while it loads
+        server, stub = llm_stub_of(proc.pid, old)
         os.kill(stub, signal.SIGKILL)
-        took = wait_ready(ports, 120)
+        assert_loading(ports)
+        wait_log(log_path, "the Python-backend stub of model 'llm' died while tritonserver was loading", 30)
+        took = wait_ready(ports, 300)
         assert triton_pid(proc.pid) != server
         (text, _), err = grpc_generate(Grpc(ports), "The capital of France is", max_tokens=4, stream=True)
         assert err is None and text, err
-        print(f"llm stub killed while loading: ready {took:.1f} s later")
-
-        os.kill(triton_pid(proc.pid), signal.SIGKILL)  # a restart, whose load hangs
-        server, stub = llm_stub_of(proc.pid)
-        os.kill(stub, signal.SIGSTOP)
-        assert _state(stub) in ("T", "t")
-        t0 = time.monotonic()
-        took = wait_ready(ports, start_timeout + 120)
-        assert time.monotonic() - t0 > start_timeout - 5  # restarted by the deadline, not before
-        assert triton_pid(proc.pid) != server and not _alive(stub)
         status, body = http_status(ports, "/v2/models/llm/generate", method="POST",
                                    body=json.dumps({"text_input": "hi", "max_tokens": 2}))
         assert status == 200, body
-        print(f"llm stub stopped while loading: ready {took:.1f} s later")
-        text = log_path.read_text()
-        assert "the Python-backend stub of model 'llm' died while tritonserver was loading" in text, text[-3000:]
-        assert f"tritonserver was not ready {start_timeout} s after it started" in text, text[-3000:]
+        print(f"llm stub killed while loading: ready {took:.1f} s later")
     finally:
         stop(proc)
 
@@ -404,9 +414,11 @@ def test_streams_cut_by_a_crash_end_with_an_error_event(log_path, victim):
             if path.startswith("/v1"):
                 assert events[-1] == "[DONE]", events[-3:]
                 assert set(last["error"]) == {"message", "type", "param", "code"}, last
-                assert last["error"]["type"] == "server_error" and "retry" in last["error"]["message"], last
+                message = last["error"]["message"]
             else:
-                assert "stopped while running this request" in last["error"], last
+                message = last["error"]
+            if victim == "tritonserver":  # (a dead stub: Triton may say so itself before it is restarted)
+                assert "stopped while running this request" in message and "retry" in message, last
             assert len(events) > 3, (path, events)  # it had streamed before the crash
         wait_ready(ports, 120)
     finally:
