@@ -295,6 +295,23 @@ def _stubs() -> list:
     return out
 
 
+def _zombie_stubs(server_pid: int) -> list:
+    """Pids of `server_pid`'s Python-backend stubs that died and it has not reaped. A zombie has no
+    command line any more (_stubs cannot see it): its name (15 characters) and parent tell."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            comm, rest = (d / "stat").read_text().split(" (", 1)[1].rsplit(") ", 1)
+        except (OSError, ValueError, IndexError):
+            continue
+        fields = rest.split()
+        if comm == STUB[:15] and fields[0] == "Z" and fields[1] == str(server_pid):
+            out.append(int(d.name))
+    return out
+
+
 def reap_stubs(server_pid: int | None = None, shm_dir: Path = Path("/dev/shm"), min_age_s: float = 60.0) -> int:
     """Kill the Python-backend stubs of `server_pid` and of any tritonserver that is gone (a stub
     ignores SIGTERM and outlives a crashed server), remove their shared-memory regions, and remove
@@ -492,11 +509,12 @@ class Supervisor:
             if time.monotonic() < next_check:
                 continue
             next_check = time.monotonic() + 0.5
-            mine = [(pid, argv) for pid, argv in _stubs() if argv[5] == str(self.proc.pid)]
+            mine = [(pid, argv) for pid, argv in _stubs() if argv[5] == str(self.proc.pid) and _alive(pid)]
             self.regions.update(Path(argv[2]).name for _, argv in mine)  # removed when this server is gone
             loading = watch.ready_after is None
             ready = not loading or await loop.run_in_executor(None, self._ready)
-            reason = watch.check(ready, [Stub.from_argv(pid, argv, _state(pid) == "Z") for pid, argv in mine])
+            stubs = [Stub.from_argv(pid, argv, False) for pid, argv in mine]
+            reason = watch.check(ready, stubs + [Stub(pid, None, True) for pid in _zombie_stubs(self.proc.pid)])
             if loading and watch.ready_after is not None:
                 self.deadlines.loaded(watch.ready_after)
                 print(f"tritonserver is ready ({watch.ready_after:.1f} s after it started)", flush=True)

@@ -39,10 +39,10 @@ ZOMBIE_GRACE_S = 1.0  # Triton reaps a stub it stops itself at once; one dead lo
 
 @dataclass(frozen=True)
 class Stub:
-    """A Python-backend stub of the watched Triton: its pid, the model it serves, whether it is a
-    zombie (dead, not reaped by Triton)."""
+    """A Python-backend stub of the watched Triton: its pid, the model it serves (None when unknown:
+    a zombie's command line is gone), whether it is a zombie (dead, not reaped by Triton)."""
     pid: int
-    model: str
+    model: Optional[str]
     zombie: bool
 
     @classmethod
@@ -87,9 +87,11 @@ class TritonWatch:
         self.ready_after: Optional[float] = None  # seconds from the start to readiness, once ready
         self.deadline_missed = False
         self._zombies: dict = {}  # pid -> when first seen dead
+        self._models: dict = {}  # pid -> model, of every stub seen alive
 
     def check(self, ready: bool, stubs: list) -> Optional[str]:
         now = self.clock()
+        self._models.update((s.pid, s.model) for s in stubs if s.model is not None)
         if self.ready_after is None and ready:
             self.ready_after = now - self.started
         if self.ready_after is not None:
@@ -97,9 +99,11 @@ class TritonWatch:
             missing = sorted(self.python_models - live)
             return f"the Python-backend stub of model '{missing[0]}' died" if missing else None
         self._zombies = {s.pid: self._zombies.get(s.pid, now) for s in stubs if s.zombie}
-        dead = sorted(s.model for s in stubs if s.zombie and now - self._zombies[s.pid] >= ZOMBIE_GRACE_S)
+        dead = sorted(pid for pid, since in self._zombies.items() if now - since >= ZOMBIE_GRACE_S)
         if dead:
-            return f"the Python-backend stub of model '{dead[0]}' died while tritonserver was loading"
+            model = self._models.get(dead[0])
+            which = f"of model '{model}'" if model else f"(pid {dead[0]})"
+            return f"the Python-backend stub {which} died while tritonserver was loading"
         if now - self.started > self.deadline_s:
             self.deadline_missed = True
             return (f"tritonserver was not ready {self.deadline_s:.0f} s after it started (its start deadline, "

@@ -25,18 +25,27 @@ def test_a_stub_that_dies_while_triton_loads_restarts_it():
     clock = Clock()
     watch = TritonWatch({"llm", "llm_unary"}, deadline_s=600, clock=clock)
     assert watch.check(False, [Stub(7, "llm", False)]) is None
-    clock.t += 0.5
-    assert watch.check(False, [Stub(7, "llm", True)]) is None  # just died: maybe being reaped
+    clock.t += 0.5  # a zombie's command line is gone: its model is what the watch saw before
+    assert watch.check(False, [Stub(7, None, True)]) is None  # just died: maybe being reaped
     clock.t += 0.5
     assert watch.check(False, [Stub(8, "llm", False)]) is None  # reaped; another started
     clock.t += 0.5
-    assert watch.check(False, [Stub(8, "llm", True), Stub(9, "llm_unary", False)]) is None
+    assert watch.check(False, [Stub(8, None, True), Stub(9, "llm_unary", False)]) is None
     clock.t += 0.9
-    assert watch.check(False, [Stub(8, "llm", True), Stub(9, "llm_unary", False)]) is None
+    assert watch.check(False, [Stub(8, None, True), Stub(9, "llm_unary", False)]) is None
     clock.t += 0.1
-    assert watch.check(False, [Stub(8, "llm", True), Stub(9, "llm_unary", False)]) == \
+    assert watch.check(False, [Stub(8, None, True), Stub(9, "llm_unary", False)]) == \
         "the Python-backend stub of model 'llm' died while tritonserver was loading"
     assert not watch.deadline_missed and watch.ready_after is None
+
+
+def test_a_stub_never_seen_alive_is_named_by_its_pid():
+    clock = Clock()
+    watch = TritonWatch({"llm"}, deadline_s=600, clock=clock)
+    assert watch.check(False, [Stub(7, None, True)]) is None
+    clock.t += 1.0
+    assert watch.check(False, [Stub(7, None, True)]) == \
+        "the Python-backend stub (pid 7) died while tritonserver was loading"
 
 
 def test_a_start_past_its_deadline_restarts_it():
