@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.frontend.launcher import (SHM_PREFIX, TRITON_STOP_S, Ports, Supervisor, _alive, _state, _stubs,
+from backend.frontend.launcher import (SHM_PREFIX, TRITON_STOP_S, Ports, Supervisor, _alive, _stubs,
                                        argv_env_library, launch_server, start_server)
 from test_server import Stream, grpc_generate
 
