@@ -107,6 +107,8 @@ OTHER_ENV = {
     "SPECSERVE_DRAIN_SECONDS": "the launcher: in-flight requests' time to finish at shutdown",
     "SPECSERVE_MAX_RESTARTS": "the launcher: give up after that many Triton restarts within 10 minutes (0: never)",
     "SPECSERVE_HTTP_READ_TIMEOUT_S": "the launcher: seconds an HTTP client has to send headers, and its body",
+    "SPECSERVE_START_TIMEOUT_S": "the launcher: seconds a starting Triton has to become ready before it is restarted",
+    "SPECSERVE_PARENT_PID": "the launcher tells Triton (argv_env.c) the process whose death kills it",
     "SPECSERVE_CANCEL_DIR": "the launcher tells the model where the edge marks cancelled requests",
     "SPECSERVE_DRAIN_FILE": "the launcher tells the model the file that says it is draining",
     "SPECSERVE_EDGE_REFUSALS": "the launcher tells the model the file holding the edge's refusal counts",

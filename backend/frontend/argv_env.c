@@ -7,9 +7,22 @@
  * is readable by the same user alone. The kernel shows the original argument strings, which keep
  * the placeholders; main() gets new strings. glibc calls a preloaded library's constructors with
  * (argc, argv, envp) before main().
+ *
+ * It also ties Triton's life to the launcher's, which cannot do that in the child itself: Python
+ * code run in a forked copy of the launcher (subprocess's preexec_fn) can abort the child, since
+ * the launcher holds gRPC client threads whose fork handlers then run half-way. So the launcher
+ * starts Triton with no Python in the child (vfork + exec) and names itself in
+ * SPECSERVE_PARENT_PID; here Triton asks for SIGKILL when its parent dies (PR_SET_PDEATHSIG, however
+ * the launcher dies), and dies at once if the launcher is already gone. Not SIGTERM: without its
+ * supervisor nobody drains it, and Triton 2.51 hangs when its exit timeout expires with a model still
+ * held (an open client stream), keeping the ports. Its stubs and /dev/shm regions are removed by the
+ * next start.
  */
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
 #define PREFIX "@SPECSERVE_ARG_"
 
@@ -47,8 +60,17 @@ static char *expand(const char *arg) {
     return out;
 }
 
+static void die_with_parent(void) {
+    const char *parent = getenv("SPECSERVE_PARENT_PID");
+    if (!parent) return;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != (pid_t)atol(parent)) raise(SIGKILL);  /* it died before the line above */
+    unsetenv("SPECSERVE_PARENT_PID");
+}
+
 __attribute__((constructor)) static void specserve_argv_env(int argc, char **argv, char **envp) {
     (void)envp;
+    die_with_parent();
     for (int i = 1; i < argc; i++) {
         if (strstr(argv[i], PREFIX)) {
             char *expanded = expand(argv[i]);

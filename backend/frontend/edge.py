@@ -7,9 +7,12 @@ bodies of about 4 MiB and on JSON nested 40,000 deep (issue 20), and it answers 
 client mistakes it finds while parsing (malformed JSON, wrong JSON types). So before anything
 reaches Triton the edge
 
-- refuses a body over `max_body_bytes` (413), JSON nested deeper than `max_depth` or holding a
-  lone UTF-16 surrogate (400), and a client slower than `read_timeout_s` to send its headers
-  (the connection is closed) or its body (408);
+- refuses a body over `max_body_bytes` (413, also once its Content-Encoding is undone), JSON
+  nested deeper than `max_depth` or holding a lone UTF-16 surrogate (400), a body that does not
+  match its Content-Encoding (400), a content coding or media type the interface does not take, a
+  body in UTF-16 (415; backend/frontend/body_format.py), headers over MAX_HEADER_BYTES (431), and a
+  client slower than `read_timeout_s` to send its headers (the connection is closed) or its body
+  (408, and closed), each in the interface's own error shape (refusal);
 - on the generate endpoints and /infer, refuses what Triton would answer 500 for or silently
   wrap (a body that is not a JSON object, `inputs` that is no array, a negative or fractional
   shape, a value of the wrong JSON type, an integer outside its tensor type such as max_tokens
@@ -24,7 +27,8 @@ reaches Triton the edge
   decoupled model sends, so "server overloaded" becomes 503 (with Retry-After) and
   "internal error" 500;
 - passes everything else through unchanged, streaming included (a client that disconnects
-  closes the upstream connection, which cancels its request);
+  closes the upstream connection, which cancels its request; a stream Triton stops sending, say
+  because it crashed, ends with an error event, not a cut);
 - tells the model when a client leaves before its response is complete (CancelMarks): Triton
   2.51's HTTP front end notices only when it next writes to it, so a request still waiting in
   the queue, or a /generate still generating, would otherwise run to its end.
@@ -44,7 +48,8 @@ from typing import Optional
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, UnixConnector, web
 
-from .http_body import EdgeError, parse_json, read_body
+from .body_format import OPENAI_TYPES, TRITON_TYPES, check_media_type
+from .http_body import EdgeError, close_after, parse_json, read_body
 from .metrics import EdgeRefusals
 from ..wire import (ADMIN_HEADER, INTERNAL_HEADER, REQUEST_ID, REQUEST_ID_HEADER, REQUEST_ID_NAMES, ErrorKind,
                     error_kind)
@@ -54,11 +59,21 @@ log = logging.getLogger("specserve.edge")
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: a full 2,048-token prompt is ~10 KB
 MAX_DEPTH = 32  # the generate interface needs 3 levels; tensors in /infer one per dimension
 READ_TIMEOUT_S = 30.0  # a client's time to send its headers, and again its body (1 MiB: 35 KB/s)
+# A request's line and headers: beyond MAX_HEADER_BYTES 431 in the interface's shape. aiohttp's own
+# parser refuses a line or one header over its limits with a plain-text 400 (it cannot know which
+# interface the request was for): they are raised to HEADER_PARSE_LIMIT so that only absurd sizes
+# reach it (its memory per connection stays under 128 headers of that size).
+MAX_HEADER_BYTES = 32 << 10
+HEADER_PARSE_LIMIT = 128 << 10
+STREAM_BROKEN = ErrorKind.INTERNAL.message("the inference server stopped while running this request "
+                                           "(it is being restarted); retry")
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
               "transfer-encoding", "upgrade", "content-length", "host", "expect"}
 GENERATE = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?/generate(?:_stream)?$")
 GENERATE_FIELDS = {"id", "parameters"}  # generate-request fields of Triton's own besides the inputs
 INFER = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?/infer$")
+UPSTREAM_DROPPED = {ADMIN_HEADER, REQUEST_ID_HEADER, INTERNAL_HEADER,
+                    "content-encoding"}  # the edge forwards the body decoded (read_body)
 # Triton refuses /infer for a decoupled model (501); these names reach the engine's unary model
 # (model_repository/llm_unary) instead. Its responses name llm_unary as the model.
 UNARY_ROUTES = {"llm": "llm_unary", "ensemble": "llm_unary", "tensorrt_llm_bls": "llm_unary",
@@ -180,8 +195,26 @@ def error_response(status: int, message: str, stream: bool = False) -> web.Respo
     headers = {"Retry-After": "1"} if status == 503 else {}
     if stream:  # the shape Triton uses for /generate_stream errors
         return web.Response(status=status, headers=headers, content_type="text/event-stream",
-                            text=f"data: {json.dumps({'error': message})}\n\n")
+                            text=error_event(message).decode())
     return web.json_response({"error": message}, status=status, headers=headers)
+
+
+def error_event(message: str) -> bytes:
+    """An error as Triton's /generate_stream sends it: one server-sent event whose data is {"error": ...}."""
+    return f"data: {json.dumps({'error': message})}\n\n".encode()
+
+
+def is_openai(path: str) -> bool:
+    return path == "/v1" or path.startswith("/v1/")
+
+
+def refusal(request: web.Request, status: int, message: str, code: Optional[str] = None) -> web.Response:
+    """An error in the shape of the interface the request was for: OpenAI's on /v1, Triton's
+    ({"error": message}, an event on /generate_stream) on the rest."""
+    if is_openai(request.path):
+        from .openai_api import ApiError, error_response as openai_error
+        return openai_error(ApiError(status, message, code=code))
+    return error_response(status, message, request.path.endswith("/generate_stream"))
 
 
 class CancelMarks:
@@ -239,7 +272,7 @@ class Edge:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes + 1,  # the handler reads; this is a backstop
-                              middlewares=[self._refuse_while_draining])
+                              middlewares=[self._limit_headers, self._refuse_while_draining])
         if self.grpc_upstream:  # /v1/...: backend/frontend/openai_api.py, before the catch-all
             from .openai_api import OpenAIApi
             OpenAIApi(self, self.grpc_upstream).mount(app)
@@ -248,14 +281,25 @@ class Edge:
         app.on_cleanup.append(self._close)
         return app
 
+    def _refused(self, request: web.Request, status: int, message: str, code: Optional[str] = None) -> web.Response:
+        """refusal(), counted: neither Triton's counters nor the model's see it."""
+        self.refusals.count("openai" if is_openai(request.path) else "triton", status, code)
+        return refusal(request, status, message, code)
+
+    @web.middleware
+    async def _limit_headers(self, request: web.Request, handler):
+        size = len(request.raw_path) + sum(len(k) + len(v) + 4 for k, v in request.raw_headers)
+        if size <= MAX_HEADER_BYTES:
+            return await handler(request)
+        return self._refused(request, 431, f"the request's headers are {size} bytes; this server accepts at most "
+                                           f"{MAX_HEADER_BYTES}", "headers_too_large")
+
     @web.middleware
     async def _refuse_while_draining(self, request: web.Request, handler):
         if self.draining is None or not self.draining.is_set() or request.path == "/v2/health/live":
             return await handler(request)
-        self.refusals.count("openai" if request.path.startswith("/v1") else "triton", 503, "shutting_down")
-        return error_response(503, ErrorKind.SHUTTING_DOWN.message("not accepting new requests; retry on another "
-                                                                   "server or later"),
-                              request.path.endswith("/generate_stream"))
+        return self._refused(request, 503, ErrorKind.SHUTTING_DOWN.message("not accepting new requests; retry on "
+                                                                           "another server or later"), "shutting_down")
 
     def _upstream_headers(self, request: web.Request) -> dict:
         """The client's headers as Triton gets them: EdgeError(400) naming a header whose value is
@@ -266,7 +310,7 @@ class Edge:
             except UnicodeEncodeError:
                 raise EdgeError(400, f"the value of header {k} is not valid UTF-8") from None
         headers = {k: v for k, v in request.headers.items()
-                   if k.lower() not in HOP_BY_HOP and k.lower() not in (ADMIN_HEADER, REQUEST_ID_HEADER, INTERNAL_HEADER)}
+                   if k.lower() not in HOP_BY_HOP and k.lower() not in UPSTREAM_DROPPED}
         key = request.headers.get(ADMIN_HEADER)
         if key is not None and self.admin_key and self.upstream_admin_key and \
                 hmac.compare_digest(key.encode(), self.admin_key.encode()):
@@ -285,9 +329,12 @@ class Edge:
     async def _close(self, app) -> None:
         await self.session.close()
 
-    async def read_json(self, request: web.Request):
-        """The request's body as JSON within this edge's size and depth limits (EdgeError if not)."""
-        return parse_json(await read_body(request, self.max_body_bytes, self.read_timeout_s), self.max_depth)
+    async def read_json(self, request: web.Request, media_types: frozenset = OPENAI_TYPES):
+        """The request's body as JSON within this edge's size and depth limits, labelled with one
+        of `media_types` (EdgeError if not)."""
+        body = await read_body(request, self.max_body_bytes, self.read_timeout_s)
+        check_media_type(request.headers.get("Content-Type"), media_types)
+        return parse_json(body, self.max_depth)
 
     async def model_config(self, model: str) -> dict:
         """Triton's config of `model` ({} if unknown or unreachable; cached once fetched)."""
@@ -318,6 +365,8 @@ class Edge:
         """EdgeError if the body is refused; -> the parsed body of a generate request, else None."""
         if not body and request.method in ("GET", "HEAD", "DELETE"):
             return None
+        if body:  # (an empty one: the checks below say what is missing)
+            check_media_type(request.headers.get("Content-Type"), TRITON_TYPES)
         header_len = request.headers.get(INFER_HEADER)
         if header_len is not None:  # binary tensor data follows a JSON header
             try:
@@ -374,11 +423,7 @@ class Edge:
         except EdgeError as e:
             self.refusals.count("triton", e.status)
             resp = error_response(e.status, e.message, stream)
-            if e.status == 408 and request.transport is not None:  # closed, not left to wait for the body
-                await resp.prepare(request)
-                await resp.write_eof()
-                request.transport.close()
-            return resp
+            return await close_after(request, resp) if e.status == 408 else resp
         path = await self._route(request)
         rid, body = self._tag(generate, body, path, headers)
         try:
@@ -406,10 +451,13 @@ class Edge:
                         except ConnectionResetError:  # the client has gone: closing upstream cancels it
                             self._client_left(rid)
                             return resp
-                except (ClientError, asyncio.TimeoutError) as e:  # upstream broke mid-stream: end ours
+                except (ClientError, asyncio.TimeoutError) as e:  # upstream broke mid-stream (Triton died)
                     log.warning("upstream %s %s broke mid-stream: %r", request.method, request.path, e)
-                    if request.transport is not None:
-                        request.transport.close()
+                    try:  # an error event, then a complete response: the client knows it did not finish
+                        await resp.write(error_event(STREAM_BROKEN))
+                        await resp.write_eof()
+                    except ConnectionResetError:
+                        self._client_left(rid)
                     return resp
                 await resp.write_eof()
                 return resp
@@ -442,8 +490,12 @@ async def serve(host: str, port: int, upstream: str, stop: asyncio.Event, shutdo
     edge = Edge(upstream, **limits)
     # keepalive_timeout also bounds the wait for a request's headers (aiohttp closes a connection
     # whose request is not complete by then): a slow-loris client is dropped after it
+    # auto_decompress off: read_body undoes Content-Encoding itself (body_format), refusing what it
+    # cannot decode in the interface's shape (aiohttp's own decoder raises mid-read, or answers a
+    # plain-text 400 before any handler)
     runner = web.AppRunner(edge.app(), access_log=None, handler_cancellation=True,
-                           shutdown_timeout=shutdown_timeout, keepalive_timeout=edge.read_timeout_s)
+                           shutdown_timeout=shutdown_timeout, keepalive_timeout=edge.read_timeout_s,
+                           auto_decompress=False, max_line_size=HEADER_PARSE_LIMIT, max_field_size=HEADER_PARSE_LIMIT)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()

@@ -1,5 +1,6 @@
 """HTTP request bodies as the edge and the OpenAI layer read them: a size limit, a time limit,
-JSON with a depth limit and valid Unicode, and the error (status, message) a refused body gets."""
+its content coding undone (backend/frontend/body_format.py), JSON in UTF-8 with a depth limit and
+valid Unicode, and the error (status, message) a refused body gets."""
 from __future__ import annotations
 
 import asyncio
@@ -59,10 +60,13 @@ def lone_surrogate(value, path: str = "") -> str | None:
 
 
 def parse_json(raw: bytes, max_depth: int):
-    """The body as JSON, or EdgeError(400) saying why not (empty, malformed, too deep, a string
-    that is not Unicode)."""
+    """The body as JSON, or EdgeError saying why not: 400 (empty, malformed, too deep, a string
+    that is not Unicode), 415 (UTF-16 or UTF-32, which Python's parser would read: JSON is UTF-8)."""
     if not raw.strip():
         raise EdgeError(400, "the request body is empty; send a JSON object")
+    encoding = json.detect_encoding(raw)
+    if encoding not in ("utf-8", "utf-8-sig"):
+        raise EdgeError(415, f"the request body is {encoding.upper()}: JSON must be sent in UTF-8")
     try:
         value = json.loads(raw)
     except RecursionError:
@@ -83,8 +87,11 @@ def surrogate_message(where: str) -> str:
 
 
 async def read_body(request: web.Request, limit: int, timeout_s: float | None = None) -> bytes:
-    """The raw body, at most `limit` bytes (EdgeError(413) beyond, read no further), within
-    `timeout_s` seconds (EdgeError(408) after: a client that stalls holds no connection forever)."""
+    """The body, at most `limit` bytes (EdgeError(413) beyond, read no further), within `timeout_s`
+    seconds (EdgeError(408) after: a client that stalls holds no connection forever; answer it
+    with close_after), its Content-Encoding undone (EdgeError 400 / 413 / 415: body_format)."""
+    from .body_format import decode_content  # (it raises this module's EdgeError)
+
     if request.content_length is not None and request.content_length > limit:
         raise EdgeError(413, f"the request body is {request.content_length} bytes; this server accepts "
                              f"at most {limit}")
@@ -98,4 +105,14 @@ async def read_body(request: web.Request, limit: int, timeout_s: float | None = 
                 chunks.append(chunk)
     except TimeoutError:
         raise EdgeError(408, f"the request body did not arrive within {timeout_s:g} s") from None
-    return b"".join(chunks)
+    return decode_content(b"".join(chunks), request.headers.get("Content-Encoding"), limit)
+
+
+async def close_after(request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:
+    """Send `resp` and close the connection: for a client whose body stalled (408), which aiohttp
+    would otherwise keep reading for its lingering time (10 s) after the answer."""
+    await resp.prepare(request)
+    await resp.write_eof()
+    if request.transport is not None:
+        request.transport.close()
+    return resp

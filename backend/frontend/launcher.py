@@ -28,6 +28,13 @@ removed first, for as long as it takes: meanwhile the edge answers 503 with Retr
 (SPECSERVE_MAX_RESTARTS = n > 0: exit 1 after n restarts within 10 minutes instead, for an
 orchestrator that restarts the container). Leftovers of a crashed predecessor (a tritonserver on our
 ports whose launcher is gone, stubs, /dev/shm regions) are cleaned at start.
+
+Triton is watched in every state (backend/frontend/triton_watch.py): while it loads, a
+Python-backend stub that dies (Triton 2.51 would wait for it forever) or a start that passes its
+deadline (SPECSERVE_START_TIMEOUT_S; by default 4x the slowest load this launcher measured, at
+least 60 s, 600 s for the first) restarts it; once ready, a stub that dies does. Triton is
+started with no Python code run in the child (`spawn`: this process holds gRPC client threads,
+whose fork handlers can abort a forked child) and dies with this process (argv_env.c).
 """
 from __future__ import annotations
 
@@ -51,6 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..wire import ADMIN_HEADER, INTERNAL_HEADER, REQUEST_ID_HEADER
+from .triton_watch import StartDeadlines, Stub, TritonWatch
 
 ROOT = Path(__file__).resolve().parents[2]
 TRITON = ROOT / ".cache" / "triton"
@@ -220,16 +228,23 @@ def wait_http_ok(url: str, proc: subprocess.Popen, timeout_s: float, name: str) 
     raise TimeoutError(f"{name} not ready after {timeout_s:.0f} s")
 
 
-def start_server(model_repository: Path = ROOT / "model_repository", ports: Ports | None = None,
-                 env: dict | None = None, log_file=None, ready_timeout_s: float = 180.0) -> tuple:
-    """Start the server (this module as supervisor + HTTP edge, Triton behind it); return
-    (process, ports) once it is ready (ready_timeout_s includes what it builds on demand first).
-    proc.terminate() is a clean shutdown."""
+def launch_server(model_repository: Path = ROOT / "model_repository", ports: Ports | None = None,
+                  env: dict | None = None, log_file=None) -> tuple:
+    """Start the server (this module as supervisor + HTTP edge, Triton behind it) -> (process,
+    ports) at once, not ready yet. proc.terminate() is a clean shutdown."""
     ports = ports or Ports(free_port(), free_port(), free_port())
     cmd = [sys.executable, "-m", "backend.frontend.launcher", f"--http-port={ports.http}", f"--grpc-port={ports.grpc}",
            f"--metrics-port={ports.metrics}", f"--model-repository={model_repository}"]
     proc = subprocess.Popen(cmd, env=dict(os.environ, **(env or {})), cwd=ROOT,
                             stdout=log_file or subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    return proc, ports
+
+
+def start_server(model_repository: Path = ROOT / "model_repository", ports: Ports | None = None,
+                 env: dict | None = None, log_file=None, ready_timeout_s: float = 180.0) -> tuple:
+    """launch_server, returning once the server is ready (ready_timeout_s includes what it builds
+    on demand first)."""
+    proc, ports = launch_server(model_repository, ports, env, log_file)
     try:
         wait_ready(ports, proc, ready_timeout_s)
     except Exception:
@@ -243,21 +258,26 @@ def start_server(model_repository: Path = ROOT / "model_repository", ports: Port
 
 
 # -- supervision -------------------------------------------------------------------------------
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the supervisor dies, however it dies (Linux). Not
-    SIGTERM: without its supervisor nobody drains it, and Triton 2.51 hangs when its exit timeout
-    expires with a model still held (an open client stream), keeping the ports. Its stubs and
-    /dev/shm regions are removed by the next start (reap_stubs)."""
-    import ctypes
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+def spawn(cmd: list, env: dict) -> subprocess.Popen:
+    """Start `cmd` with no Python code run in the child: without a preexec_fn CPython's subprocess
+    starts it by vfork + exec, which runs no fork handlers. This process holds gRPC client threads
+    (the OpenAI layer's), and running Python or gRPC's fork handlers in a forked copy of it can
+    abort the child (gRPC: "Other threads are currently calling into gRPC, skipping fork()
+    handlers"). In a process group of its own: a terminal's Ctrl-C reaches only this supervisor,
+    which drains first. That it dies with this process is argv_env.c's (SPECSERVE_PARENT_PID)."""
+    return subprocess.Popen(cmd, env=env, process_group=0, close_fds=True)
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter (R, S, Z for a zombie, ...), None if there is no such process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+    return _state(pid) not in (None, "Z")
 
 
 def _stubs() -> list:
@@ -272,6 +292,23 @@ def _stubs() -> list:
             continue
         if argv and Path(argv[0].decode(errors="replace")).name == STUB and len(argv) > 5:
             out.append((int(d.name), [a.decode(errors="replace") for a in argv]))
+    return out
+
+
+def _zombie_stubs(server_pid: int) -> list:
+    """Pids of `server_pid`'s Python-backend stubs that died and it has not reaped. A zombie has no
+    command line any more (_stubs cannot see it): its name (15 characters) and parent tell."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            comm, rest = (d / "stat").read_text().split(" (", 1)[1].rsplit(") ", 1)
+        except (OSError, ValueError, IndexError):
+            continue
+        fields = rest.split()
+        if comm == STUB[:15] and fields[0] == "Z" and fields[1] == str(server_pid):
+            out.append(int(d.name))
     return out
 
 
@@ -389,13 +426,15 @@ class Supervisor:
 
     def __init__(self, cmd: list, ports: Ports, max_body_bytes: int, max_depth: int, admin_key: str | None = None,
                  bind: str = "127.0.0.1", drain_s: float = DRAIN_S, max_restarts: int = MAX_RESTARTS,
-                 restart_window_s: float = RESTART_WINDOW_S, read_timeout_s: float | None = None):
+                 restart_window_s: float = RESTART_WINDOW_S, read_timeout_s: float | None = None,
+                 start_timeout_s: float | None = None):
         self.cmd, self.ports, self.bind = cmd, ports, bind
         self.limits = dict(max_body_bytes=max_body_bytes, max_depth=max_depth)
         if read_timeout_s:
             self.limits["read_timeout_s"] = read_timeout_s
         self.admin_key, self.keys = admin_key, UpstreamKeys.fresh()
         self.drain_s, self.max_restarts, self.restart_window_s = drain_s, max_restarts, restart_window_s
+        self.deadlines = StartDeadlines(start_timeout_s)  # each start's time to become ready
         self.workdir = Path(tempfile.mkdtemp(prefix="specserve-"))
         self.drain_file = self.workdir / "drain"
         # The edge marks requests whose HTTP client left here; the model polls the marks (backend/frontend/edge.py
@@ -412,19 +451,20 @@ class Supervisor:
         library = argv_env_library(ARGV_ENV_DIR) or argv_env_library(self.workdir)  # .cache read-only: build here
         if library is None:
             print("warning: no C compiler to build backend/frontend/argv_env.c: Triton's private HTTP port and "
-                  "its API keys are on its command line, readable by every local user", flush=True)
+                  "its API keys are on its command line, readable by every local user, and a tritonserver "
+                  "outlives a killed launcher until the next start stops it", flush=True)
             self.cmd = fill_placeholders(self.cmd, values)
         else:
-            self.env.update(values, LD_PRELOAD=" ".join(filter(None, [str(library), self.env.get("LD_PRELOAD")])))
+            self.env.update(values, SPECSERVE_PARENT_PID=str(os.getpid()),
+                            LD_PRELOAD=" ".join(filter(None, [str(library), self.env.get("LD_PRELOAD")])))
         self.proc: subprocess.Popen | None = None
         self.restarts: list = []  # monotonic times of restarts within the window
         self.regions: set = set()  # shared-memory regions of the running Triton's stubs
 
     def _start(self) -> subprocess.Popen:
-        # From the main thread (PR_SET_PDEATHSIG follows the forking thread), in a process group
-        # of its own: a terminal's Ctrl-C reaches only this supervisor, which drains first.
+        # From the main thread: PR_SET_PDEATHSIG (argv_env.c) follows the thread that started it
         self.http_socket.unlink(missing_ok=True)  # a dead Triton's socket: Triton would not bind over it
-        self.proc = subprocess.Popen(self.cmd, env=self.env, preexec_fn=_die_with_parent, process_group=0)
+        self.proc = spawn(self.cmd, self.env)
         return self.proc
 
     def _restart_delay(self) -> float | None:
@@ -455,12 +495,11 @@ class Supervisor:
                 if re.search(r'^\s*backend:\s*"python"', c.read_text(), re.M)}
 
     async def _watch(self, stop: asyncio.Event, edge_task) -> str | None:
-        """Until a stop signal, the edge failing, Triton's exit or the death of one of its
-        Python-backend stubs (which Triton does not restart): -> that stub's model name, or None.
-        Once Triton is ready every Python model has a live stub: one missing has died (even if it
-        died before this watch first saw it)."""
-        loop, ready, next_check = asyncio.get_running_loop(), False, 0.0
-        expected = self._stub_models()
+        """Until a stop signal, the edge failing, Triton's exit or a reason to restart it while it
+        loads or serves (a stub that died, a start past its deadline: backend/frontend/triton_watch.py):
+        -> that reason, or None."""
+        loop, next_check = asyncio.get_running_loop(), 0.0
+        watch = TritonWatch(self._stub_models(), self.deadlines.next())
         while not stop.is_set() and self.proc.poll() is None and not edge_task.done():
             try:
                 await asyncio.wait_for(stop.wait(), 0.2)
@@ -470,16 +509,19 @@ class Supervisor:
             if time.monotonic() < next_check:
                 continue
             next_check = time.monotonic() + 0.5
-            mine = [argv for pid, argv in _stubs() if argv[5] == str(self.proc.pid) and _alive(pid)]
-            self.regions.update(Path(argv[2]).name for argv in mine)  # removed when this server is gone
-            if not ready:  # stubs come and go while models load: check them once Triton is ready
-                ready = await loop.run_in_executor(None, self._ready)
-                if not ready:
-                    continue
-            live = {Path(argv[1]).parent.parent.name for argv in mine}
-            missing = sorted(expected - live)
-            if missing and self.proc.poll() is None and not stop.is_set():
-                return missing[0]
+            mine = [(pid, argv) for pid, argv in _stubs() if argv[5] == str(self.proc.pid) and _alive(pid)]
+            self.regions.update(Path(argv[2]).name for _, argv in mine)  # removed when this server is gone
+            loading = watch.ready_after is None
+            ready = not loading or await loop.run_in_executor(None, self._ready)
+            stubs = [Stub.from_argv(pid, argv, False) for pid, argv in mine]
+            reason = watch.check(ready, stubs + [Stub(pid, None, True) for pid in _zombie_stubs(self.proc.pid)])
+            if loading and watch.ready_after is not None:
+                self.deadlines.loaded(watch.ready_after)
+                print(f"tritonserver is ready ({watch.ready_after:.1f} s after it started)", flush=True)
+            if reason is not None and self.proc.poll() is None and not stop.is_set():
+                if watch.deadline_missed:
+                    self.deadlines.missed()
+                return reason
         return None
 
     async def _drain(self, hurry: asyncio.Event) -> None:
@@ -514,7 +556,7 @@ class Supervisor:
             **self.limits))
         failed = False
         while True:
-            stub_died = await self._watch(stop, edge_task)
+            reason = await self._watch(stop, edge_task)
             if stop.is_set():
                 break
             if edge_task.done():
@@ -522,8 +564,8 @@ class Supervisor:
                 failed = True
                 break
             pid = self.proc.pid
-            if stub_died is not None:  # Triton lives on but answers "Stub process ... is not healthy"
-                print(f"the Python-backend stub of model '{stub_died}' died: restarting tritonserver", flush=True)
+            if reason is not None:  # Triton lives on: unhealthy, or hung while loading
+                print(f"{reason}: restarting tritonserver", flush=True)
                 self.proc.kill()
                 self.proc.wait()
             else:
@@ -624,6 +666,9 @@ def main(argv=None) -> int:
                          "keep-alive connections close after as long)")
     ap.add_argument("--max-json-depth", type=int, default=int(os.environ.get("SPECSERVE_MAX_JSON_DEPTH") or MAX_DEPTH),
                     help="deepest JSON nesting in an HTTP request (400 beyond)")
+    ap.add_argument("--start-timeout", type=float, default=float(os.environ.get("SPECSERVE_START_TIMEOUT_S") or 0),
+                    help="seconds a starting Triton has to become ready before it is restarted (0: 4x the slowest "
+                         "load measured, at least 60 s; 600 s for the first)")
     args = ap.parse_args(argv)
     from ..server_config import unknown_env
     for message in unknown_env():  # a misspelt setting would otherwise be silently ignored
@@ -640,7 +685,8 @@ def main(argv=None) -> int:
           "-d '{\"text_input\": \"The capital of France is\", \"max_tokens\": 16}'", flush=True)
     return Supervisor(server_command(args.model_repository, ports, bind=args.bind_address),
                       ports, args.max_body_bytes, args.max_json_depth, admin_key=os.environ.get("SPECSERVE_ADMIN_KEY"),
-                      bind=args.bind_address, read_timeout_s=args.http_read_timeout)()
+                      bind=args.bind_address, read_timeout_s=args.http_read_timeout,
+                      start_timeout_s=args.start_timeout)()
 
 
 if __name__ == "__main__":

@@ -43,8 +43,9 @@ LATENCY_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]
 # pb_utils.TritonError code names (as backend/frontend/triton_adapter.py sends them) -> reason label.
 REJECT_REASONS = {"INVALID_ARG": "invalid", "UNAVAILABLE": "unavailable", "INTERNAL": "internal"}
 # HTTP status -> reason label of an edge refusal that carries no more precise code.
-EDGE_REASONS = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
-                500: "internal", 503: "unavailable"}
+EDGE_REASONS = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 408: "timeout",
+                413: "body_too_large", 415: "unsupported_media_type", 431: "headers_too_large", 500: "internal",
+                503: "unavailable"}
 EDGE_REFUSALS_ENV = "SPECSERVE_EDGE_REFUSALS"  # the file the launcher names for the edge and the model
 
 COUNTERS = {  # metric name -> (LoopStats field, help)

@@ -18,8 +18,11 @@ the distribution it was sampled from and its most likely alternatives (the engin
 `return_log_probs` / `return_top_log_probs`), token strings by decoding each id alone. Anything else
 is refused with an OpenAI-shaped error naming it (`logit_bias`, `tools`, ... are not served yet:
 refused rather than ignored, so a client never gets output that silently disregards a setting).
-Every error is OpenAI-shaped ({"error": {message, type, param, code}}), unknown /v1 routes included;
-those refused here, before Triton, are counted in the edge's refusals (backend/frontend/metrics.py).
+Every error is OpenAI-shaped ({"error": {message, type, param, code}}), unknown /v1 routes and what the
+edge refuses on /v1 (oversized headers, a body that does not match its Content-Encoding, a media type
+other than application/json: backend/frontend/body_format.py) included; a stream Triton stops sending
+ends with an error chunk and `data: [DONE]`. Those refused here, before Triton, are counted in the
+edge's refusals (backend/frontend/metrics.py).
 """
 from __future__ import annotations
 
@@ -33,7 +36,8 @@ from typing import Optional
 import numpy as np
 from aiohttp import web
 
-from .http_body import EdgeError, lone_surrogate, surrogate_message
+from .edge import STREAM_BROKEN
+from .http_body import EdgeError, close_after, lone_surrogate, surrogate_message
 from ..wire import ErrorKind, error_kind
 
 log = logging.getLogger("specserve.openai")
@@ -57,6 +61,10 @@ ROLES = {"system", "developer", "user", "assistant"}
 # The routes of this API and their methods: another method answers 405, another /v1 path 404.
 ROUTES = {"/v1/models": "GET", "/v1/chat/completions": "POST", "/v1/completions": "POST"}
 MODEL_OBJECT = {"id": ENGINE_MODEL, "object": "model", "created": 0, "owned_by": "specserve"}
+
+
+class UpstreamGone(Exception):
+    """Triton's gRPC connection failed or broke (Triton is down or died): no model error, no message."""
 
 
 class ApiError(Exception):
@@ -410,6 +418,11 @@ class OpenAIApi:
             refusals.count("openai", e.status, e.code)
         return error_response(e)
 
+    async def _refuse_read(self, request: web.Request, e: ApiError) -> web.Response:
+        """_refused, closing the connection of a client whose body stalled (408) as the edge does."""
+        resp = self._refused(e)
+        return await close_after(request, resp) if e.status == 408 else resp
+
     async def _close(self, app) -> None:
         if self.client is not None:
             await self.client.close()
@@ -491,6 +504,9 @@ class OpenAIApi:
             self._check_model(p["model"])
             needs_default = p["max_tokens"] is None and (p["min_tokens"] or p["ignore_eos"])
             resolve_lengths(p, await self._default_max_tokens() if needs_default else None)
+        except ApiError as e:
+            return await self._refuse_read(request, e)
+        try:  # only the template's own failures are the template's
             prompt = (await self._chat_template()).render(messages)
         except ApiError as e:
             return self._refused(e)
@@ -505,7 +521,7 @@ class OpenAIApi:
             self._check_model(p["model"])
             resolve_lengths(p, None)  # max_tokens is always set (16)
         except ApiError as e:
-            return self._refused(e)
+            return await self._refuse_read(request, e)
         return await self._run(request, p, prompt, chat=False, echo=echo)
 
     # -- running requests ------------------------------------------------------------------------------
@@ -545,8 +561,11 @@ class OpenAIApi:
     async def _events(self, prompt: str, p: dict):
         """n requests on one gRPC stream -> async iterator of (index, text, finish_reason or None,
         num_input_tokens, num_output_tokens, log probs: {ids, lps, top_ids, top_lps} of this
-        response's tokens when p["logprobs"], else None); ApiError on any request's error. Leaving
-        early (a client gone) cancels the stream, which cancels the requests."""
+        response's tokens when p["logprobs"], else None); ApiError on any request's error,
+        UpstreamGone when Triton cannot be reached or dies. Leaving early (a client gone) cancels the
+        stream, which cancels the requests."""
+        import grpc
+
         requests = [{"model_name": ENGINE_MODEL, "inputs": self._inputs(prompt, p, i), "request_id": str(i)}
                     for i in range(p["n"])]
 
@@ -567,6 +586,9 @@ class OpenAIApi:
                 nin, nout = (int(result.as_numpy(k).reshape(-1)[0]) if result.as_numpy(k) is not None else 0
                              for k in ("num_input_tokens", "num_output_tokens"))
                 yield index, text, finish, nin, nout, _logprobs(result) if p.get("logprobs") else None
+        except grpc.RpcError as e:  # the connection, not the model (its errors are messages above)
+            log.warning("Triton's gRPC stream failed: %s", e)
+            raise UpstreamGone() from None
         finally:
             stream.cancel()
 
@@ -594,6 +616,8 @@ class OpenAIApi:
             return error_response(e)
         except StopAsyncIteration:
             return error_response(ApiError(500, f"{ErrorKind.INTERNAL.prefix}: the model sent no response; see the server log"))
+        except UpstreamGone:
+            return self._refused(ApiError(503, "the inference server is not reachable; retry later"))
         except Exception:
             log.exception("OpenAI request failed")
             return self._refused(ApiError(503, "the inference server is not reachable; retry later"))
@@ -621,6 +645,8 @@ class OpenAIApi:
                     break
         except ApiError as e:
             return error_response(e)
+        except UpstreamGone:
+            return error_response(ApiError(500, STREAM_BROKEN))
         except Exception:
             log.exception("OpenAI request failed")
             return error_response(ApiError(500, f"{ErrorKind.INTERNAL.prefix} while running this request; see the server log"))
@@ -681,7 +707,9 @@ class OpenAIApi:
                 except StopAsyncIteration:
                     break
         except Exception as e:  # after the 200: the error as an event, as OpenAI does
-            if not isinstance(e, ApiError):
+            if isinstance(e, UpstreamGone):  # Triton died: the client learns it did not finish
+                e = ApiError(500, STREAM_BROKEN)
+            elif not isinstance(e, ApiError):
                 log.exception("OpenAI stream failed")
                 e = ApiError(500, f"{ErrorKind.INTERNAL.prefix} while running this request; see the server log")
             await send(e.body())

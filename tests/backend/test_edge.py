@@ -19,7 +19,7 @@ def test_depth():
 
 
 @pytest.mark.parametrize("raw,words", [(b"", "empty"), (b"  \n", "empty"), (b'{"a": ', "not valid JSON"),
-                                       (b"\xff\xfe", "not valid JSON")])
+                                       (b"\xff\xff", "not valid JSON")])
 def test_unparsable(raw, words):
     with pytest.raises(EdgeError, match=words) as e:
         parse_json(raw, 32)
@@ -330,3 +330,241 @@ def test_head_stream_true_and_stalled_clients():
 
     asyncio.run(main())
     assert methods == ["GET", "GET", "POST"]
+
+
+class FakeTriton:
+    """Stands in for Triton's HTTP behind a real edge (serve): records what reaches it; a
+    /generate_stream sends one event and then its connection breaks (Triton crashing)."""
+
+    def __init__(self):
+        self.seen = []
+
+    async def handle(self, request):
+        from aiohttp import web
+
+        if request.path.endswith("/config"):
+            return web.json_response({"input": [{"name": "text_input", "data_type": "TYPE_STRING"},
+                                                {"name": "max_tokens", "data_type": "TYPE_INT32"},
+                                                {"name": "stream", "data_type": "TYPE_BOOL"}]})
+        self.seen.append((request.path, dict(request.headers), await request.read()))
+        if request.path.endswith("/generate_stream"):
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await resp.write(b'data: {"text_output": "Paris"}\n\n')
+            request.transport.abort()  # dies mid-stream
+            return resp
+        return web.json_response({"text_output": "ok"})
+
+
+def edge_test(main):
+    """Run `main(url, fake)` against an edge (serve, with the OpenAI API mounted) in front of a
+    FakeTriton, with a read timeout of 0.5 s."""
+    import asyncio
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from backend.frontend.edge import serve
+    from backend.frontend.launcher import free_port
+
+    fake = FakeTriton()
+
+    async def run():
+        upstream = web.Application()
+        upstream.router.add_route("*", "/{tail:.*}", fake.handle)
+        async with TestServer(upstream) as up:
+            stop, port = asyncio.Event(), free_port()
+            served = asyncio.create_task(serve("127.0.0.1", port, str(up.make_url("")).rstrip("/"), stop,
+                                               grpc_upstream="127.0.0.1:9", read_timeout_s=0.5))
+            for _ in range(100):
+                try:
+                    _, writer = await asyncio.open_connection("127.0.0.1", port)
+                    writer.close()
+                    break
+                except OSError:  # not listening yet
+                    await asyncio.sleep(0.05)
+            try:
+                await main(f"http://127.0.0.1:{port}", fake)
+            finally:
+                stop.set()
+                await served
+
+    asyncio.run(run())
+    return fake
+
+
+async def raw_request(url: str, head: bytes, body: bytes = b"", timeout: float = 10) -> tuple:
+    """(status, headers text, body bytes, seconds until the edge closed the connection) of one request
+    written as is, `head` without its final empty line."""
+    import asyncio
+    import time
+
+    host, port = url.split("//")[1].split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(head + b"\r\nConnection: close\r\n\r\n" + body)
+    await writer.drain()
+    t0 = time.monotonic()
+    answer = await asyncio.wait_for(reader.read(), timeout)
+    writer.close()
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), head.decode(), rest, time.monotonic() - t0
+
+
+OPENAI_BODIES = {"/v1/completions": {"model": "llm", "prompt": "hi"},
+                 "/v1/chat/completions": {"model": "llm", "messages": [{"role": "user", "content": "hi"}]}}
+TRITON_BODIES = {"/v2/models/llm/generate": {"text_input": "hi", "max_tokens": 2},
+                 "/v2/models/llm/generate_stream": {"text_input": "hi", "max_tokens": 2, "stream": True}}
+
+
+def error_of(path: str, body: bytes) -> dict:
+    """The error a refused request got, checked to be in its interface's shape: OpenAI's on /v1,
+    Triton's ({"error": message}; on /generate_stream as an event) elsewhere -> {message, code}."""
+    import json
+
+    text = body.decode()
+    if path.startswith("/v1"):
+        err = json.loads(text)["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error", err
+        return err
+    if path.endswith("_stream"):
+        assert text.startswith("data: ") and text.endswith("\n\n"), text
+        text = text[len("data: "):]
+    return {"message": json.loads(text)["error"], "code": None}
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br"])
+@pytest.mark.parametrize("path", [*OPENAI_BODIES, *TRITON_BODIES])
+def test_a_body_that_does_not_match_its_content_encoding_is_a_400(path, coding):
+    """It was a 500 on all four (aiohttp's payload error escaped the body reader), and on the chat
+    endpoint the message blamed the chat template."""
+    import json
+
+    body = json.dumps({**OPENAI_BODIES, **TRITON_BODIES}[path]).encode()
+
+    async def main(url, fake):
+        status, _, answer, _ = await raw_request(url, f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                                                      f"application/json\r\nContent-Encoding: {coding}\r\n"
+                                                      f"Content-Length: {len(body)}".encode(), body)
+        assert status == 400, answer
+        message = error_of(path, answer)["message"]
+        assert f"does not match its Content-Encoding: it is not {coding} data" in message, message
+
+    assert edge_test(main).seen == []
+
+
+def test_a_compressed_body_reaches_triton_decoded():
+    """tritonclient's request_compression_algorithm: the edge undoes the coding, so Triton gets the
+    body without the Content-Encoding it no longer has (it was forwarded with it)."""
+    import gzip
+    import json
+
+    body = json.dumps(TRITON_BODIES["/v2/models/llm/generate"]).encode()
+
+    async def main(url, fake):
+        status, _, answer, _ = await raw_request(url, b"POST /v2/models/llm/generate HTTP/1.1\r\nHost: x\r\n"
+                                                      b"Content-Encoding: gzip\r\nContent-Length: %d"
+                                                      % len(gzip.compress(body)), gzip.compress(body))
+        assert status == 200, answer
+
+    ((_, headers, got),) = edge_test(main).seen
+    assert json.loads(got)["text_input"] == "hi" and "Content-Encoding" not in headers
+
+
+@pytest.mark.parametrize("path,content_type", [
+    ("/v1/completions", "text/plain"), ("/v1/completions", None), ("/v1/chat/completions", "text/plain; charset=utf-8"),
+    ("/v1/chat/completions", "application/x-www-form-urlencoded"),
+    ("/v2/models/llm/generate", "text/plain"), ("/v2/models/llm/generate_stream", "multipart/form-data; boundary=b"),
+    ("/v2/models/llm/generate", "application/json; charset=utf-16"), ("/v2/models/llm/infer", "text/xml"),
+])
+def test_an_unsupported_media_type_is_a_415(path, content_type):
+    import json
+
+    body = json.dumps({**OPENAI_BODIES, **TRITON_BODIES}.get(path, {"inputs": []})).encode()
+
+    async def main(url, fake):
+        head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}"
+        head += f"\r\nContent-Type: {content_type}" if content_type else ""
+        status, _, answer, _ = await raw_request(url, head.encode(), body)
+        assert status == 415, answer
+        assert "application/json" in error_of(path, answer)["message"]
+
+    assert edge_test(main).seen == []
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v2/models/llm/generate"])
+def test_json_in_utf16_is_a_415(path):
+    import json
+
+    body = json.dumps({**OPENAI_BODIES, **TRITON_BODIES}[path]).encode("utf-16")
+
+    async def main(url, fake):
+        status, _, answer, _ = await raw_request(url, f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                                                      f"application/json\r\nContent-Length: {len(body)}".encode(), body)
+        assert status == 415 and "UTF-8" in error_of(path, answer)["message"], answer
+
+    assert edge_test(main).seen == []
+
+
+def test_what_nvidias_clients_and_curl_send_is_served():
+    """Triton's protocol keeps serving the labels its clients use: none (tritonclient.http),
+    application/octet-stream (tritonclient.http.aio), application/x-www-form-urlencoded (curl -d)."""
+    import json
+
+    body = json.dumps(TRITON_BODIES["/v2/models/llm/generate"]).encode()
+
+    async def main(url, fake):
+        for content_type in (None, "application/json", "application/octet-stream", "application/x-www-form-urlencoded"):
+            head = f"POST /v2/models/llm/generate HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}"
+            head += f"\r\nContent-Type: {content_type}" if content_type else ""
+            status, _, answer, _ = await raw_request(url, head.encode(), body)
+            assert status == 200, (content_type, answer)
+
+    assert len(edge_test(main).seen) == 4
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/models", "/v2/models/llm/generate",
+                                  "/v2/models/llm/generate_stream", "/v2/health/ready"])
+@pytest.mark.parametrize("headers", [[b"X-Big: " + b"a" * 65536], [b"X-H%d: " % i + b"a" * 4096 for i in range(16)]],
+                         ids=["one-64KB-header", "16-4KB-headers"])
+def test_oversized_headers_are_a_431_in_the_interfaces_shape(path, headers):
+    """It was aiohttp's plain-text 400 (one 64 KB header) or forwarded to Triton (16 of 4 KB)."""
+    async def main(url, fake):
+        status, _, answer, _ = await raw_request(url, f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                                                      "application/json\r\nContent-Length: 2\r\n".encode()
+                                                 + b"\r\n".join(headers), b"{}")
+        assert status == 431, answer
+        err = error_of(path, answer)
+        assert "this server accepts at most 32768" in err["message"]
+        assert err["code"] in (None, "headers_too_large")
+
+    assert edge_test(main).seen == []
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v2/models/llm/generate"])
+def test_a_stalled_body_gets_408_and_the_connection_closed_on_every_interface(path):
+    """/v1 kept the connection for aiohttp's lingering time (10 s) after its 408."""
+    async def main(url, fake):
+        status, _, answer, took = await raw_request(url, f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                                                         "application/json\r\nContent-Length: 100".encode(), b'{"a": ')
+        assert status == 408 and "did not arrive within 0.5 s" in error_of(path, answer)["message"], answer
+        assert took < 3, took
+
+    edge_test(main)
+
+
+def test_a_stream_triton_stops_sending_ends_with_an_error_event():
+    """Triton dying mid-stream cut the client's chunked response (no error, no last chunk)."""
+    import json
+
+    body = json.dumps(TRITON_BODIES["/v2/models/llm/generate_stream"]).encode()
+
+    async def main(url, fake):
+        status, head, answer, _ = await raw_request(url, b"POST /v2/models/llm/generate_stream HTTP/1.1\r\nHost: x\r\n"
+                                                         b"Content-Type: application/json\r\nContent-Length: %d"
+                                                         % len(body), body)
+        assert status == 200 and "chunked" in head.lower()
+        assert answer.endswith(b"0\r\n\r\n"), answer  # the last chunk: a complete response
+        events = [json.loads(line[len(b"data: "):]) for line in answer.split(b"\r\n") if line.startswith(b"data: ")]
+        assert events[0] == {"text_output": "Paris"} and "stopped while running this request" in events[-1]["error"]
+
+    edge_test(main)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.frontend.launcher import (SHM_PREFIX, TRITON_STOP_S, Ports, Supervisor, _alive, _stubs, argv_env_library,
-                                       start_server)
+from backend.frontend.launcher import (SHM_PREFIX, TRITON_STOP_S, Ports, Supervisor, _alive, _stubs,
+                                       argv_env_library, launch_server, start_server)
 from test_server import Stream, grpc_generate
 
 DRAIN_S = 3
@@ -290,3 +290,254 @@ def test_admin_key_is_on_no_command_line(log_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(DRAIN_S + TRITON_STOP_S + 10)
+
+
+# -- a crash at any moment (issue 42) -------------------------------------------------------------
+def llm_stub_of(launcher_pid: int, old_server: int | None = None, timeout: float = 120.0) -> tuple:
+    """(tritonserver pid, pid of its `llm` model's stub) as soon as that stub exists: while Triton
+    is still loading the model (`pgrep -f model_repository/llm/1/model.py`); not old_server's."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid, argv in _stubs():
+            server = int(argv[5]) if argv[5].isdigit() else 0
+            if server != old_server and "model_repository/llm/1/model.py" in argv[1] and _alive(pid) \
+                    and _alive(server) and _ppid(server) == launcher_pid:
+                return server, pid
+        time.sleep(0.02)
+    raise AssertionError("no stub of the llm model appeared")
+
+
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def assert_loading(ports) -> None:
+    status, text = http_status(ports)
+    assert status == 503, (status, text)  # not ready yet: the stub was caught during the load
+
+
+def wait_log(log_path: Path, words: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while words not in log_path.read_text():
+        assert time.monotonic() < deadline, f"the launcher never logged {words!r}: {log_path.read_text()[-3000:]}"
+        time.sleep(0.2)
+
+
+def test_a_stub_that_hangs_or_dies_while_triton_loads_is_restarted(log_path):
+    """A stub that hangs (SIGSTOP) while Triton loads: Triton is restarted when its start deadline
+    (SPECSERVE_START_TIMEOUT_S, 20 s here) passes. Then the issue's reproducer: kill -9 of the llm
+    stub as soon as it exists, while a restart loads; Triton 2.51 waits for it forever (readiness
+    503 for good, the stub a zombie): the launcher restarts it at once. A load slower than the
+    deadline on a busy machine only doubles it (40, 80 s ...): the server is ready in the end."""
+    start_timeout = 20
+    with open(log_path, "w") as log:
+        proc, ports = launch_server(env=dict(ENV, SPECSERVE_START_TIMEOUT_S=str(start_timeout)), log_file=log)
+    try:
+        server, stub = llm_stub_of(proc.pid)
+        os.kill(stub, signal.SIGSTOP)
+        assert_loading(ports)
+        wait_log(log_path, f"tritonserver was not ready {start_timeout} s after it started", start_timeout + 30)
+        took = wait_ready(ports, 300)
+        assert triton_pid(proc.pid) != server and not _alive(stub)
+        print(f"llm stub stopped while loading: ready {took:.1f} s after the deadline")
+
+        old = triton_pid(proc.pid)
+        os.kill(old, signal.SIGKILL)  # a restart, whose llm stub dies while it loads
+        server, stub = llm_stub_of(proc.pid, old)
+        os.kill(stub, signal.SIGKILL)
+        assert_loading(ports)
+        wait_log(log_path, "the Python-backend stub of model 'llm' died while tritonserver was loading", 30)
+        took = wait_ready(ports, 300)
+        assert triton_pid(proc.pid) != server
+        (text, _), err = grpc_generate(Grpc(ports), "The capital of France is", max_tokens=4, stream=True)
+        assert err is None and text, err
+        status, body = http_status(ports, "/v2/models/llm/generate", method="POST",
+                                   body=json.dumps({"text_input": "hi", "max_tokens": 2}))
+        assert status == 200, body
+        print(f"llm stub killed while loading: ready {took:.1f} s later")
+    finally:
+        stop(proc)
+
+
+def read_sse(c: http.client.HTTPConnection) -> list:
+    """The data of every event of a streamed response read to its end: IncompleteRead (a chunked
+    body cut without its last chunk) fails the test."""
+    r = c.getresponse()
+    assert r.status == 200, r.read()
+    body = r.read()  # http.client raises IncompleteRead for a chunked body cut short
+    return [line[len(b"data: "):].decode() for line in body.split(b"\n") if line.startswith(b"data: ")]
+
+
+def start_stream(ports, path: str, body: dict) -> http.client.HTTPConnection:
+    c = http.client.HTTPConnection("127.0.0.1", ports.http, timeout=120)
+    c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    return c
+
+
+STREAMS = {  # long enough to be cut: counting on for 250 tokens
+    "/v2/models/llm/generate_stream": {"text_input": COUNT, "max_tokens": 250, "stream": True},
+    "/v1/completions": {"model": "llm", "prompt": COUNT, "max_tokens": 250, "stream": True, "ignore_eos": True},
+    "/v1/chat/completions": {"model": "llm", "messages": [{"role": "user", "content": "Count to 300."}],
+                             "max_tokens": 250, "stream": True, "ignore_eos": True},
+}
+
+
+@pytest.mark.parametrize("victim", ["tritonserver", "stub"])
+def test_streams_cut_by_a_crash_end_with_an_error_event(log_path, victim):
+    """A stream Triton stops sending (it, or the stub it runs the model in, was killed) ends with an
+    error event, Triton's shape on /generate_stream and an OpenAI error chunk on /v1, and a complete
+    response; it was cut (an incomplete chunked body, no event)."""
+    with open(log_path, "w") as log:
+        proc, ports = start_server(env=ENV, log_file=log)
+    try:
+        server = triton_pid(proc.pid)
+        conns = {path: start_stream(ports, path, body) for path, body in STREAMS.items()}
+        results, threads = {}, []
+        for path, c in conns.items():
+            threads.append(threading.Thread(target=lambda p=path, c=c: results.__setitem__(p, read_sse(c))))
+            threads[-1].start()
+        streaming = time.monotonic() + 60
+        while time.monotonic() < streaming and server_tokens(ports) < 3 * 8:  # each is streaming
+            time.sleep(0.1)
+        if victim == "tritonserver":
+            os.kill(server, signal.SIGKILL)
+        else:
+            os.kill(next(p for p in stubs_of(server) if "llm/1" in " ".join(_argv(p))), signal.SIGKILL)
+        for t in threads:
+            t.join(60)
+            assert not t.is_alive(), "a stream hangs"
+        for path, events in results.items():
+            last = json.loads(events[-1]) if not path.startswith("/v1") else json.loads(events[-2])
+            if path.startswith("/v1"):
+                assert events[-1] == "[DONE]", events[-3:]
+                assert set(last["error"]) == {"message", "type", "param", "code"}, last
+                message = last["error"]["message"]
+            else:
+                message = last["error"]
+            if victim == "tritonserver":  # (a dead stub: Triton may say so itself before it is restarted)
+                assert "stopped while running this request" in message and "retry" in message, last
+            assert len(events) > 3, (path, events)  # it had streamed before the crash
+        wait_ready(ports, 120)
+    finally:
+        for c in conns.values():
+            c.close()
+        stop(proc)
+
+
+def server_tokens(ports) -> float:
+    from backend.frontend import prometheus_text
+    try:
+        return prometheus_text.specserve_series(prometheus_text.scrape(f"127.0.0.1:{ports.metrics}")).get(
+            "specserve_tokens_emitted_total", 0)
+    except OSError:
+        return 0
+
+
+def test_many_restarts_under_client_traffic(log_path):
+    """The launcher holds gRPC client threads (the OpenAI layer's). Starting Triton by fork with
+    Python run in the child (preexec_fn) let gRPC's fork handlers run while those threads were
+    busy: a restart died with SIGABRT before it became Triton ("skipping fork() handlers", then
+    "epoll_wait error: Bad file descriptor"). Triton killed 5 times while OpenAI streams keep the
+    launcher's gRPC threads busy: every restart becomes Triton and serves."""
+    restarts = 5
+    with open(log_path, "w") as log:
+        proc, ports = start_server(env=ENV, log_file=log)
+    stopping, served, failed = threading.Event(), [0], []
+
+    def traffic():  # the launcher's own gRPC client, busy throughout
+        while not stopping.is_set():
+            try:
+                c = start_stream(ports, "/v1/completions", dict(STREAMS["/v1/completions"], max_tokens=40))
+                r = c.getresponse()
+                r.read()
+                served[0] += r.status == 200
+                c.close()
+                if r.status != 200:  # 503 while Triton restarts
+                    time.sleep(0.2)
+            except Exception as e:  # noqa: BLE001 - a restart cuts streams; only the server's fate counts here
+                failed.append(repr(e))
+                time.sleep(0.05)
+
+    clients = [threading.Thread(target=traffic) for _ in range(3)]
+    for t in clients:
+        t.start()
+    try:
+        for i in range(restarts):
+            server = triton_pid(proc.pid)
+            os.kill(server, signal.SIGKILL)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:  # a new tritonserver, ready
+                try:
+                    if triton_pid(proc.pid) != server and http_status(ports)[0] == 200:
+                        break
+                except (AssertionError, OSError):
+                    pass
+                time.sleep(0.2)
+            else:
+                raise AssertionError(f"restart {i + 1} never became ready: {log_path.read_text()[-3000:]}")
+            before = served[0]
+            wait = time.monotonic() + 60
+            while served[0] == before and time.monotonic() < wait:  # traffic is served again
+                time.sleep(0.1)
+            assert served[0] > before, f"nothing served after restart {i + 1}"
+        text = log_path.read_text()
+        assert text.count("died unexpectedly (signal SIGKILL)") == restarts, text[-3000:]
+        for words in ("SIGABRT", "Signal (6)", "skipping fork() handlers", "epoll_wait error"):
+            assert words not in text, text[-3000:]
+    finally:
+        stopping.set()
+        for t in clients:
+            t.join(120)
+        stop(proc)
+
+
+def test_triton_is_started_without_fork_handlers(tmp_path):
+    """No fork handler (gRPC's are C-level pthread_atfork ones) and no Python runs in the child
+    when the supervisor starts Triton: it used fork + a preexec_fn."""
+    import ctypes
+
+    source = tmp_path / "atfork.c"
+    source.write_text("#include <pthread.h>\nint prepared;\nstatic void prepare(void) { prepared++; }\n"
+                      "__attribute__((constructor)) static void init(void) { pthread_atfork(prepare, 0, 0); }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tmp_path / "atfork.so"), str(source)], check=True)
+    counter = ctypes.c_int.in_dll(ctypes.CDLL(str(tmp_path / "atfork.so")), "prepared")
+    python_hooks, watching = [], [True]
+    os.register_at_fork(before=lambda: watching[0] and python_hooks.append(1))  # (cannot be unregistered)
+    sup = Supervisor(["/bin/sh", "-c", "exit 7"], Ports(1, 2, 3), 1 << 20, 32)
+    try:
+        for _ in range(3):
+            assert sup._start().wait(10) == 7
+    finally:
+        watching[0] = False
+        import shutil
+        shutil.rmtree(sup.workdir)
+    assert (counter.value, python_hooks) == (0, [])
+
+
+def test_triton_dies_with_its_launcher(tmp_path):
+    """argv_env.c's PR_SET_PDEATHSIG: Triton (here a sleep started the same way) is killed when the
+    process that started it dies however it dies, and at once if that one died before it ran."""
+    library = argv_env_library(tmp_path)
+    parent = ("import os, sys, time; from backend.frontend.launcher import spawn; "
+              "env = dict(os.environ, LD_PRELOAD=sys.argv[1], SPECSERVE_PARENT_PID=sys.argv[2] or str(os.getpid())); "
+              "print(spawn(['sleep', '60'], env).pid, flush=True); time.sleep(60)")
+    for named in ("", "1"):  # its real parent; a pid that is not its parent (that one died first)
+        launcher = subprocess.Popen([sys.executable, "-c", parent, str(library), named], stdout=subprocess.PIPE,
+                                    text=True, cwd=Path(__file__).resolve().parents[2])
+        try:
+            child = int(launcher.stdout.readline())
+            if not named:
+                time.sleep(0.5)
+                assert _alive(child)
+                launcher.kill()
+                launcher.wait()
+            deadline = time.monotonic() + 5
+            while _alive(child) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not _alive(child), f"the child outlived its parent (SPECSERVE_PARENT_PID={named or 'its parent'})"
+        finally:
+            launcher.kill()
+            launcher.wait()

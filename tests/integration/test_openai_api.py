@@ -43,7 +43,8 @@ def test_models(client):
 def request(server, method, path, body=None):
     """-> (status, JSON body) of any request to the HTTP port, errors included."""
     req = urllib.request.Request(f"http://{server.http}{path}", method=method,
-                                 data=None if body is None else json.dumps(body).encode())
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})  # urllib's default is a form
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             return r.status, json.loads(r.read())
