@@ -285,7 +285,7 @@ def test_forced_rows_are_the_rows_with_one_allowed_token(compiler, doc_ids):
 
 
 def test_forced_rows_become_a_point_mass_on_their_draft_token():
-    from backend.loop.engine_loop import with_forced_rows
+    from backend.loop.forced_rows import with_forced_rows
     computed = torch.arange(4 * 5, dtype=torch.float32).reshape(4, 5)  # rows kept: a0 a2 b0 b1
     full = with_forced_rows(computed, [[3, 1], [4]], [[0, 2], [0, 1]])
     assert full.shape == (5, 5)

@@ -134,7 +134,7 @@ def test_prefix_reuse_is_lossless(checkpoint, tokenizer):
                              reuse_prefix=True)
             got = [s.chunks[-1].text for s in run_all(loop, [greedy(p, MAX_TOKENS, apply_chat_template=True)
                                                              for p in PROMPTS[:16]])]
-            assert loop.prefix_ids and loop.stats.prefix_tokens_reused == 16 * len(loop.prefix_ids)
+            assert loop.reuse.prefix_ids and loop.stats.prefix_tokens_reused == 16 * len(loop.reuse.prefix_ids)
             differ = [p[:40] for p, a, b in zip(PROMPTS, want, got) if a != b]
             assert not differ, f"with prefix reuse, batch {batch}: {len(differ)} of 16 outputs differ: {differ[:3]}"
     finally:

@@ -64,7 +64,7 @@ def test_sequences_leaving_in_one_step_get_streams_of_their_own():
 def test_a_sequence_outgrowing_another_that_left_in_the_same_step_takes_its_stream_counted_once():
     """Two sequences of one conversation finish in the same step: the later claim replaces the
     earlier (not counted yet) on the same stream. The loop counts each stream once (dict.fromkeys
-    in EngineLoop._emit); a stream given up since counts nothing."""
+    in KVReuse.count); a stream given up since counts nothing."""
     r = RetainedPrompts(2, BlockPool(16, 4), min_tokens=1)
     a, b = r.keep([1, 2, 3]), r.keep([1, 2, 3, 4, 5])
     assert a == b == 0 and r.count(0) and r.pool.num_free == 16 - 2 and r.tokens_kept == 5
@@ -148,7 +148,7 @@ def test_reuse_across_requests_is_lossless(engine, tokenizer, batch, budget_toke
     if not budget_tokens:  # each first turn's next turn finds it (or its repeat finds the next turn)
         assert st.kv_reuse_hits >= engine.retain_streams
     assert loop.pool.num_free == loop.pool.num_blocks - sum(
-        loop.pool.blocks_for(len(e.tokens)) for e in loop.retained.entries if e is not None)
+        loop.pool.blocks_for(len(e.tokens)) for e in loop.reuse.retained.entries if e is not None)
 
 
 def test_reused_blocks_are_reported_as_tensorrt_llm_reports_them(engine, tokenizer):
