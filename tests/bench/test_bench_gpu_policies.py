@@ -13,7 +13,7 @@ import yaml
 
 from server_helpers import running_server
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "bench_gpu_policies.py"
 sys.path.insert(0, str(ROOT / "bench"))  # bench/ scripts import their siblings
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # bench/ scripts import their siblings
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # bench/ scripts import their siblings
 
 from bench_peer import CONTEXT, identities, peer_command  # noqa: E402
 from peer_stats import Request, identity, percentile, ratios, summarise, tokens_in_window  # noqa: E402

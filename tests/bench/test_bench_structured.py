@@ -4,7 +4,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # bench/ scripts import their siblings
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # bench/ scripts import their siblings
 
 from bench_structured import SCHEMAS, response_format, valid, workload  # noqa: E402
 from backend.generation.guided import Guide, guide_problem  # noqa: E402
@@ -30,7 +30,7 @@ def test_valid_answers_parse_with_the_schemas_keys_in_order():
 def test_the_in_process_forced_rows_benchmark_runs_and_checks_its_texts(tmp_path):
     """bench/bench_forced_rows.py, tiny: every configuration runs and its texts equal policy off's."""
     import subprocess
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = tmp_path / "forced_rows.json"
     run = subprocess.run([sys.executable, str(root / "bench" / "bench_forced_rows.py"), "--batch", "2", "--rounds", "1",
                           "--requests", "2", "--max-tokens", "24", "--out", str(out)],

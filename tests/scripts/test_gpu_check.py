@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 sys.path.insert(0, str(ROOT / "bench"))  # bench/ scripts import their siblings
 
@@ -139,7 +139,7 @@ def test_builds_tests_then_serves_and_measures_each_arm_at_each_level(fake):
     assert build == ["build", "-f", str(ROOT / "docker" / "Dockerfile.trtllm"), "-t", "specserve-trtllm", str(ROOT)]
     tests = next(c for c in docker if step(c) == "tests")
     assert tests[tests.index("specserve-trtllm") + 1:] == ["python3", "-m", "pytest", "-p", "no:cacheprovider", "-m",
-                                                           "gpu or cuda", "tests/services/trtllm"]
+                                                           "gpu or cuda", "tests/backend/services/trtllm"]
     assert value_after(tests, "--gpus") == "all" and f"{fake.cache}:/cache:ro" in tests
     assert env_of(tests) == {"SPECSERVE_TRTLLM_MODEL": "/cache/models/tiny"}
 

@@ -1,7 +1,7 @@
 """Serving on TensorRT-LLM's PyTorch backend (`tensorrt_llm.LLM`). NOT YET RUN ON A GPU.
 
 Written against TensorRT-LLM 1.2.x; exercised here only with a fake `tensorrt_llm`
-(tests/services/trtllm/). Two parts:
+(tests/backend/services/trtllm/). Two parts:
 
 * `build_llm(cfg, root)`: the `LLM(...)` from our ServerConfig and the LLM-API settings file
   (llm_config.py: KV cache, block reuse, batch, sequence length, tensor parallelism, iteration

@@ -1,7 +1,7 @@
 """What is particular to the torch engine: its forward against transformers' reference
 implementation (fp32), any Llama-family checkpoint, the bf16 kernels. What every engine
 must do (ragged batches, logit rows, truncation, slot moves, limits) is checked by
-the engine contract suite, tests/backend/test_engine_contract.py."""
+the engine contract suite, tests/backend/engines/test_engine_contract.py."""
 import pytest
 import torch
 

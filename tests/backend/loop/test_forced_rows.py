@@ -2,7 +2,7 @@
 states: the states are shared with the grammar drafter, drafts are cut to the grammar, and a step
 computes the logits of every row but those of forced draft tokens (never its last row); then the
 left-out rows become a point mass on their draft token. With llguidance and the served engine,
-lossless: tests/backend/test_guided.py."""
+lossless: tests/backend/generation/test_guided.py."""
 import doctest
 import logging
 

@@ -1,7 +1,7 @@
 """Request intake (backend/loop/intake.py), the same for both services: a request becomes a
 Sequence with its prompt, seed and end tokens, and, where our loop samples, the generator,
 logits processors and grammar its steps use; refused requests are refused before any work
-(request.admit's refusals: tests/backend/test_admit.py) and take no sequence id."""
+(request.admit's refusals: tests/backend/generation/test_admit.py) and take no sequence id."""
 import doctest
 
 import pytest

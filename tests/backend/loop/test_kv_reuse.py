@@ -3,7 +3,7 @@ a prompt starts from the longest prefix retained cells share with it, else from 
 template's shared first tokens, always leaving one prompt token to prefill; a failed copy falls
 back to prefilling; finished sequences leave their cells once, counted in the pool; memory
 pressure gives up the least recently used cells, those an admitted prompt would reuse last.
-The same with the real engine, lossless: tests/backend/test_retained.py."""
+The same with the real engine, lossless: tests/backend/loop/test_retained.py."""
 import pytest
 
 from backend.generation.request import GenerationRequest

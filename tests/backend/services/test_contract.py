@@ -3,7 +3,7 @@ TrtllmService (against the fake `tensorrt_llm`), are a `Service`, with every mem
 ends use and call signatures that accept what the protocol passes; the front ends (the Triton
 adapter, the metrics publisher) use those members without probing for them. No model is
 loaded: the loop runs on a stub engine, the TensorRT-LLM service on a stub LLM (nothing is
-served here; tests/backend/test_engine_loop.py and trtllm/ serve)."""
+served here; tests/backend/loop/test_engine_loop.py and trtllm/ serve)."""
 import ast
 import dataclasses
 import inspect
@@ -20,7 +20,7 @@ from backend.generation.request import Limits
 from backend.services import Service
 from policy import make_policy
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FRONT_ENDS = [ROOT / "backend" / "frontend" / "triton_adapter.py", ROOT / "backend" / "frontend" / "metrics.py"]
 MEMBERS = {n: v for n, v in vars(Service).items() if not n.startswith("_")}
 

@@ -1,4 +1,4 @@
-"""Fixtures for the TensorRT-LLM path beside those of tests/services/conftest.py (the fake
+"""Fixtures for the TensorRT-LLM path beside those of tests/backend/services/conftest.py (the fake
 `tensorrt_llm`, the upstream record, the skip of `gpu` tests): a small fp32 torch engine."""
 import pytest
 

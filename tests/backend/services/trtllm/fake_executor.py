@@ -1,5 +1,5 @@
 """A fake TensorRT-LLM 1.2 PyExecutor on the torch engine: every behaviour our drafter hook can
-notice, each copied from the upstream file named (index ids: tests/services/trtllm/upstream_api.json).
+notice, each copied from the upstream file named (index ids: tests/backend/services/trtllm/upstream_api.json).
 
 One iteration (`step`), as PyExecutor._executor_loop with disable_overlap_scheduler=True:
   1. fetch (executor_request_queue): new requests become active, as context requests, while

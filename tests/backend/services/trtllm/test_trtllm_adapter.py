@@ -18,7 +18,7 @@ from policy.external import IterationDrafter
 from policy.simulator import DEFAULT_PARAMS
 from policy.speculator import Speculator
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 ADAPTER = ROOT / "backend" / "services" / "trtllm"
 PROMPTS = [
     "Repeat exactly: the river runs, the river runs, the river runs.",

@@ -1,8 +1,8 @@
 """The real thing: TensorRT-LLM 1.2.x on a GPU, inside the TensorRT-LLM container. Skipped
-wherever no real `tensorrt_llm` is importable (tests/services/conftest.py), i.e. on
+wherever no real `tensorrt_llm` is importable (tests/backend/services/conftest.py), i.e. on
 every machine this project has had so far. Inside the container:
 
-    SPECSERVE_TRTLLM_MODEL=/models/<hf-llama-dir> python -m pytest -m gpu tests/services/trtllm
+    SPECSERVE_TRTLLM_MODEL=/models/<hf-llama-dir> python -m pytest -m gpu tests/backend/services/trtllm
 
 What it checks, as upstream's own test_user_provided.py does for its drafter: greedy output
 with our drafter in TensorRT-LLM equals TensorRT-LLM's greedy output without speculation,
@@ -19,7 +19,7 @@ from backend.generation.request import GenerationRequest
 from backend.server_config import ServerConfig
 
 pytestmark = pytest.mark.gpu
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 PROMPTS = ["Repeat exactly: the river runs, the river runs, the river runs.",
            "1, 2, 3, 4, 5, 6, 7, 8,",
            "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n"]

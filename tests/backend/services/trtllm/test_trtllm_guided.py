@@ -17,7 +17,7 @@ from backend.loop.offline import ListSink, make_loop, run_all
 from backend.server_config import ServerConfig
 from test_trtllm_serving import serve
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 MAX_CONTEXT = 128
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                            "city": {"type": "string", "enum": ["Paris", "London", "Berlin"]}},

@@ -17,7 +17,7 @@ from backend.generation.request import GenerationRequest
 from backend.server_config import ServerConfig
 from policy.types import MemoryAction
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 DRAFTER_DIR = ROOT / ".cache" / "drafters"
 
 

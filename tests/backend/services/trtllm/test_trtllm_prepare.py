@@ -14,7 +14,7 @@ import yaml
 from backend.server_config import ServerConfig
 from build_engines import prepare_trtllm
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 DRAFTERS = ROOT / ".cache" / "drafters"
 
 

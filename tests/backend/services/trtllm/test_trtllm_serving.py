@@ -12,7 +12,7 @@ from backend.loop.offline import ListSink, make_loop, run_all
 from backend.generation.request import GenerationRequest, RequestError
 from backend.server_config import ServerConfig
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 MAX_CONTEXT = 128
 
 

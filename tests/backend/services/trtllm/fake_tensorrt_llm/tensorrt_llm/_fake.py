@@ -6,7 +6,7 @@ from typing import Callable, Dict, Optional, Set, Tuple
 
 ACCESSES: Set[Tuple[str, str]] = set()  # (upstream class, attribute) the adapter read or wrote
 KINDS: Dict[type, str] = {}  # fake class -> the upstream class it stands for
-EXECUTOR_FACTORY: Optional[Callable] = None  # LLM -> executor (set by the tests; reset by tests/services/conftest.py)
+EXECUTOR_FACTORY: Optional[Callable] = None  # LLM -> executor (set by the tests; reset by tests/backend/services/conftest.py)
 
 
 def stands_for(qualname: str):

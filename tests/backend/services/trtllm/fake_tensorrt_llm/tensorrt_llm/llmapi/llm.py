@@ -1,6 +1,6 @@
 """tensorrt_llm/llmapi/llm.py + executor/result.py (fake): LLM.generate_async streams a
 RequestOutput (a GenerationResult) whose outputs[0] is a CompletionOutput. The fake
-executor (tests/services/trtllm/fake_executor.py) runs the iterations: each `__anext__`
+executor (tests/backend/services/trtllm/fake_executor.py) runs the iterations: each `__anext__`
 steps it until this request has new tokens."""
 from __future__ import annotations
 
