@@ -24,10 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench_structured import SCHEMAS, workload  # bench/ (its own folder)
 
-from bench_structured import SCHEMAS, workload  # noqa: E402  bench/ (its own folder)
+ROOT = Path(__file__).resolve().parents[1]
 
 CONFIGS = [("off", True), ("composite", True), ("composite", False), ("grammar", True), ("grammar", False)]
 RESULTS = ROOT / "bench" / "results"
