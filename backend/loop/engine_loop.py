@@ -45,11 +45,11 @@ from ..generation.request import GenerationRequest
 from ..generation.sequence import Sequence
 from ..wire import ErrorKind
 from . import verifier
+from .config import LoopConfig
 from .forced_rows import GuidedSequences, with_forced_rows
 from .intake import Intake, end_tokens
 from .kv_reuse import KVReuse
 from .memory import DrafterMemory, KVMemory
-from .config import LoopConfig
 from .scheduler import Piece, Scheduler
 from .stats import LoopStats
 
