@@ -118,6 +118,7 @@ OTHER_ENV = {
     "SPECSERVE_AUTO_PREPARE": "the container entrypoint: prepare the model cache before serving",
     "SPECSERVE_GGUF_DIR": "the container entrypoint: where the image keeps the GGUF it converts",
     "SPECSERVE_PREPARE_DRAFTERS": "the container entrypoint: model drafters to build when preparing",
+    "SPECSERVE_Q8_MATMUL": "llama.cpp's CPU backend: 0 gives every matmul and attention back to the stock kernels",
     "SPECSERVE_TRTLLM_MODEL": "the gpu-marked tests: a local Hugging Face model for TensorRT-LLM",
     "SPECSERVE_CACHE": "docker compose: the cache volume or directory",
     "SPECSERVE_MODEL": "docker compose: the model directory under models/",

@@ -4,7 +4,7 @@ engine, and what leaving out the logits of forced rows adds (issue 32).
 bench_structured.py's JSON-schema workload (its prompts, schemas, chat template, greedy), run to
 the end through the engine loop (backend/loop/engine_loop.py) at each --batch, --rounds times, with
 policy off, the served composite (configs/policies/composite.yaml, with this machine's cost profile), and the static
-grammar drafter (gamma 6); the last two also with every row's logits computed (EngineLoop._logit_rows
+grammar drafter (gamma 6); the last two also with every row's logits computed (GuidedSequences.skip_forced
 switched off: the code before forced rows went without them). Each configuration's tokens/s is
 printed beside the same round's policy off, and every run's texts must equal policy off's.
 
@@ -24,10 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench_structured import SCHEMAS, workload  # bench/ (its own folder)
 
-from bench_structured import SCHEMAS, workload  # noqa: E402  bench/ (its own folder)
+ROOT = Path(__file__).resolve().parents[1]
 
 CONFIGS = [("off", True), ("composite", True), ("composite", False), ("grammar", True), ("grammar", False)]
 RESULTS = ROOT / "bench" / "results"
@@ -50,7 +49,8 @@ def make_requests(n: int, max_tokens: int) -> list:
 def run(engine, tokenizer, policy: str, forced_rows: bool, batch: int, requests: list) -> dict:
     from backend.drafters import make_drafter
     from backend.generation.request import Limits
-    from backend.loop.engine_loop import EngineLoop, LoopConfig
+    from backend.loop.config import LoopConfig
+    from backend.loop.engine_loop import EngineLoop
     from backend.loop.offline import run_all
     from backend.served_policy import load_policy
     from backend.server_config import ServerConfig
@@ -62,7 +62,7 @@ def run(engine, tokenizer, policy: str, forced_rows: bool, batch: int, requests:
     loop = EngineLoop(engine, tokenizer, {n: make_drafter(n) for n in cfg.drafters.split(",")}, pol,
                       LoopConfig(max_batch=batch, limits=Limits(max_tokens=4096, max_context=engine.max_context)))
     if not forced_rows:
-        loop._logit_rows = lambda batch, drafts: None
+        loop.guides.skip_forced = False
     t0 = time.perf_counter()
     sinks = run_all(loop, requests)
     wall = time.perf_counter() - t0

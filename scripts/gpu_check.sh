@@ -2,7 +2,7 @@
 # One command for a machine with an NVIDIA GPU, Docker (with buildx) and the NVIDIA Container Toolkit:
 #   1. checks them, and that the model to serve is in the cache;
 #   2. builds the GPU image (docker/Dockerfile.trtllm, tagged specserve-trtllm as docs/deploy.md does);
-#   3. runs the gpu- and cuda-marked tests inside it: python3 -m pytest -m "gpu or cuda" tests/services/trtllm;
+#   3. runs the gpu- and cuda-marked tests inside it: python3 -m pytest -m "gpu or cuda" tests/backend/services/trtllm;
 #   4. benchmarks plain decoding vs static n-gram speculation (γ=4) vs the default policy (composite)
 #      at 1, 8 and 32 closed-loop streams: per (arm, streams) a fresh server container started with
 #      that arm's policy, and bench/bench_gpu_policies.py run inside it (docker exec) against it;
@@ -10,7 +10,7 @@
 #      where the results went.
 # NOT RUN YET: no machine with a GPU and TensorRT-LLM has been available to this project. Written against
 # the image and the docs (docs/trtllm.md, "One command on a GPU"); tested with a fake docker and nvidia-smi
-# (tests/test_gpu_check.py).
+# (tests/scripts/test_gpu_check.py).
 #
 # usage: scripts/gpu_check.sh [options]     (every option can also be set by the environment variable named)
 #   --cache DIR          GPU_CHECK_CACHE       the model cache, mounted read-only at /cache: models/<name>/,
@@ -85,7 +85,7 @@ done
 [ "${#STREAM_LIST[@]}" -gt 0 ] || die 64 "--streams names no level"
 
 # The SPECSERVE_* settings that serve an arm: what bench/bench_gpu_policies.py's arm_env() says
-# (tests/test_gpu_check.py checks the two agree). composite with no policy file is the image's default.
+# (tests/scripts/test_gpu_check.py checks the two agree). composite with no policy file is the image's default.
 arm_env() {
   case "$1" in
     plain) echo "SPECSERVE_POLICY=off SPECSERVE_POLICY_CONFIG=" ;;
@@ -162,7 +162,7 @@ TESTS="skipped"
 if [ "$SKIP_TESTS" != 1 ]; then
   say "the gpu- and cuda-marked tests in the image (log: $RESULTS/tests.log)"
   if docker run --rm "${GPU_RUN[@]}" -v "$CACHE:/cache:ro" -e "SPECSERVE_TRTLLM_MODEL=/cache/models/$MODEL" \
-       "$IMAGE" python3 -m pytest -p no:cacheprovider -m "gpu or cuda" tests/services/trtllm 2>&1 | tee "$RESULTS/tests.log"; then
+       "$IMAGE" python3 -m pytest -p no:cacheprovider -m "gpu or cuda" tests/backend/services/trtllm 2>&1 | tee "$RESULTS/tests.log"; then
     TESTS="passed"
   else
     TESTS="FAILED"

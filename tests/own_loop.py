@@ -1,7 +1,7 @@
 """A stand-in for an engine that owns its loop (TensorRT-LLM's PyTorch backend), on the torch
 engine: its own scheduler, greedy verification, commits. Shared by
-tests/backend/test_external_loop.py (hook: policy.external.IterationDrafter) and the fake
-TensorRT-LLM executor in tests/services/trtllm/ (hook: our TensorRT-LLM Drafter), which
+tests/backend/services/test_external_loop.py (hook: policy.external.IterationDrafter) and the fake
+TensorRT-LLM executor in tests/backend/services/trtllm/ (hook: our TensorRT-LLM Drafter), which
 overrides `propose` / `on_finish` / `on_cancel`."""
 from __future__ import annotations
 

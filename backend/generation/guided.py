@@ -200,7 +200,7 @@ class GuideState:
     def forced_rows(self, tokens: Sequence[int], drafts: Sequence[int]) -> List[bool]:
         """Per draft token: whether the grammar allows nothing else at its row. The constrained
         target emits such a token whatever that row's logits are (greedy or sampled: all its
-        probability is on it), so the loop does not compute them (EngineLoop._logit_rows)."""
+        probability is on it), so the loop does not compute them (backend/loop/forced_rows.py)."""
         masks = self.allowed(tokens, drafts, len(drafts) + 1)
         return [bool(masks[j, d]) and int(masks[j].sum()) == 1 for j, d in enumerate(int(t) for t in drafts)]
 

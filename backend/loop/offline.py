@@ -6,7 +6,8 @@ from typing import Dict, List
 from policy import make_policy
 
 from ..drafters import make_drafter
-from .engine_loop import EngineLoop, LoopConfig
+from .config import LoopConfig
+from .engine_loop import EngineLoop
 from ..generation.request import Limits
 
 TRACE_LEN = 10_000  # step outcomes an offline loop keeps in memory (loop.trace) for its caller to read

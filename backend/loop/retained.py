@@ -7,7 +7,7 @@ shared prefix copied back into its slot (`restore`) and prefills only the rest, 
 chunk boundaries as a whole prefill (a chunk ends at a multiple of the chunk size, wherever
 the prefill starts), so nothing depends on what was retained. The cells are bit for bit what
 a prefill of the same tokens caches (the engine's kernels compute each row on its own), so
-reuse is lossless (tests/backend/test_retained.py).
+reuse is lossless (tests/backend/loop/test_retained.py).
 
 Retained cells are counted in the KV block pool like a sequence's (under negative ids) and
 given up least recently used when admission or a step needs the blocks, before anything

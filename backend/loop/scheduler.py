@@ -1,5 +1,5 @@
 """Who runs this iteration, and with what memory: the engine loop's scheduler. Torch-free and
-engine-free (tests/backend/test_scheduler.py drives it with a fake slot holder).
+engine-free (tests/backend/loop/test_scheduler.py drives it with a fake slot holder).
 
 * Admission: waiting sequences take free batch slots (0..B-1, contiguous) and the KV blocks of
   their whole prompt, keeping a block of growth per running sequence so that admitting does not

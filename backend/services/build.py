@@ -11,7 +11,8 @@ import torch
 from ..drafters import DRAFTERS, Drafter, make_drafter
 from ..drafters.feature import load_model_drafter
 from ..drafters.artifacts import find_artifact, not_built
-from ..loop.engine_loop import EngineLoop, LoopConfig
+from ..loop.config import LoopConfig
+from ..loop.engine_loop import EngineLoop
 from ..engines import Engine
 from ..engines.torch_llama import TorchLlama
 from ..served_policy import load_policy

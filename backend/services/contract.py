@@ -12,7 +12,7 @@ probing for optional ones:
     the metrics publisher (backend/frontend/metrics.py)        stats, running, queue_depth, pool,
                                                       max_batch, drafters, add_outcome_listener
 
-tests/services/test_contract.py checks both services against it (members and signatures) and
+tests/backend/services/test_contract.py checks both services against it (members and signatures) and
 the front ends for probing. An engine is a different thing: the target model behind our loop,
 with its own contract (backend/engines/contract.py) and test suite.
 """

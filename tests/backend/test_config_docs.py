@@ -6,7 +6,7 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-from backend.loop.engine_loop import LoopConfig
+from backend.loop.config import LoopConfig
 from backend.server_config import OTHER_ENV, SERVICE_LINK_PREFIXES, ServerConfig, known_env, unknown_env
 
 HERE = Path(__file__).resolve()  # spells misspellings on purpose

@@ -100,7 +100,7 @@ def test_an_iteration_is_timed_by_difference_over_the_iterations_counted(monkeyp
 
 
 def test_the_profiling_drafter_pads_every_request_and_counts_iterations():
-    class Base:  # TensorRT-LLM 1.2's Drafter.__init__ keywords (tests/services/trtllm/upstream_api.json)
+    class Base:  # TensorRT-LLM 1.2's Drafter.__init__ keywords (tests/backend/services/trtllm/upstream_api.json)
         def __init__(self, max_draft_len, max_total_draft_tokens, max_concurrency=None, draft_len_schedule=None):
             self.max_draft_len, self.max_total_draft_tokens = max_draft_len, max_total_draft_tokens
 

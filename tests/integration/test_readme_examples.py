@@ -1,7 +1,7 @@
-"""Every client example of the README, run as written against the live server (only the ports
-changed: the test server's are free ones), prints generated text: the curl commands (the code
-blocks' and those quoted in its text) and the Python snippets (Triton's gRPC and HTTP clients,
-the OpenAI SDK). A raw prompt under greedy decoding may end at once on this instruct model and
+"""Every client example of the README and of docs/api.md, run as written against the live server
+(only the ports changed: the test server's are free ones), prints generated text: the curl
+commands (the code blocks' and those quoted in the text) and the Python snippets (Triton's gRPC
+and HTTP clients, the OpenAI SDK). A raw prompt under greedy decoding may end at once on this instruct model and
 print nothing; these tests catch an example that does."""
 import json
 import re
@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
-BLOCKS = re.findall(r"```(\w+)\n(.*?)```", README, re.S)
+PAGES = [(ROOT / "README.md").read_text(), (ROOT / "docs" / "api.md").read_text()]
+BLOCKS = [block for page in PAGES for block in re.findall(r"```(\w+)\n(.*?)```", page, re.S)]
 
 
 def curl_commands() -> list:
-    """Each `curl` command of the README: in a bash block (across lines, up to where its quotes
+    """Each `curl` command of the pages: in a bash block (across lines, up to where its quotes
     close and no backslash continues it), or quoted inline in the text."""
     commands = []
     for lang, body in BLOCKS:
@@ -32,7 +32,7 @@ def curl_commands() -> list:
             if current is not None and current.count("'") % 2 == 0 and not current.endswith("\\"):
                 commands.append(current)
                 current = None
-    inline = re.findall(r"`(curl [^`]+)`", re.sub(r"```.*?```", "", README, flags=re.S))
+    inline = [c for page in PAGES for c in re.findall(r"`(curl [^`]+)`", re.sub(r"```.*?```", "", page, flags=re.S))]
     return commands + inline
 
 
@@ -40,9 +40,13 @@ PYTHON = [body for lang, body in BLOCKS if lang == "python"]
 CURLS = curl_commands()
 
 
-def test_the_readme_has_the_examples_these_tests_run():
+def test_the_pages_have_the_examples_these_tests_run():
     assert len(CURLS) >= 4 and len(PYTHON) >= 3
     assert any("/v1" in p for p in PYTHON) and any("grpcclient" in p for p in PYTHON)
+    readme = re.findall(r"```(\w+)\n(.*?)```", PAGES[0], re.S)  # the README's first screen: OpenAI, then Triton
+    first_openai = next(i for i, (_, b) in enumerate(readme) if "/v1" in b)
+    first_triton = next(i for i, (_, b) in enumerate(readme) if "/v2/models" in b)
+    assert first_openai < first_triton
 
 
 def on_server(text: str, server) -> str:
@@ -50,12 +54,15 @@ def on_server(text: str, server) -> str:
 
 
 def generated_tokens(output: str) -> int:
-    """num_output_tokens of a /generate answer, of the last event of a stream, or of /infer."""
+    """num_output_tokens of a /generate answer, of the last event of a stream, or of /infer; the
+    usage's completion_tokens of an OpenAI answer."""
     events = [json.loads(line[5:]) for line in output.splitlines() if line.startswith("data:")]
     answer = events[-1] if events else json.loads(output)
     if "outputs" in answer:  # /infer
         return next(o["data"][0] for o in answer["outputs"] if o["name"] == "num_output_tokens")
     assert "error" not in answer, answer
+    if "choices" in answer:  # the OpenAI API
+        return answer["usage"]["completion_tokens"] if any(c["message"]["content"] for c in answer["choices"]) else 0
     return answer["num_output_tokens"]
 
 

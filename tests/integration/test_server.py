@@ -115,7 +115,7 @@ def test_grpc_sampling_is_seeded(server):
     """The same seed gives the same text, even though the adaptive policy may speculate
     differently the second time (per-position sampling; see backend/generation/sampling.py). In bf16 a
     different verify length can move p across a sampling boundary, so this stays short; the
-    exact property is tested in fp32 (tests/backend/test_engine_loop.py)."""
+    exact property is tested in fp32 (tests/backend/loop/test_engine_loop.py)."""
     kw = dict(max_tokens=12, temperature=0.9, top_p=0.9, top_k=50, stream=True, apply_chat_template=True)
     a, _ = grpc_generate(server, "Tell me a story about a dragon.", random_seed=7, **kw)
     b, _ = grpc_generate(server, "Tell me a story about a dragon.", random_seed=7, **kw)

@@ -1,7 +1,7 @@
 """The only module that imports `tensorrt_llm`, and only inside functions.
 
 Every upstream name the TensorRT-LLM path uses is fetched here through `_get(module,
-name)`, so the set of names is visible in one place (tests/services/trtllm checks it
+name)`, so the set of names is visible in one place (tests/backend/services/trtllm checks it
 against a record of the real 1.2.x sources: upstream_api.json). TensorRT-LLM lives in
 its container (Python 3.10/3.12 wheels from NVIDIA's index), never in our venv; nothing
 here is imported at module load, so the package imports on any machine.

@@ -2,12 +2,12 @@
 
 NOT YET RUN ON A GPU. Written against TensorRT-LLM 1.2.x (the release/1.2 line,
 PyTorch backend) and tested only against a fake `tensorrt_llm` shaped after those
-sources (tests/services/trtllm/, which records the upstream names it relies on).
+sources (tests/backend/services/trtllm/, which records the upstream names it relies on).
 
 TensorRT-LLM's PyExecutor owns scheduling, the paged KV cache, verification and
 streaming. With `speculative_config=UserProvidedDecodingConfig(max_draft_len=N,
 drafter=AdaptiveDrafter(...))` each iteration runs (1.2's py_executor.py, see
-tests/services/trtllm/upstream_api.json):
+tests/backend/services/trtllm/upstream_api.json):
 
     n = drafter.get_draft_len_for_batch_size(len(active_requests))   # before scheduling
     drafter.update_max_total_draft_tokens(n); speculation is off this iteration if n == 0

@@ -1,6 +1,6 @@
 """Model drafters on the GPU beside TensorRT-LLM, and the policy's park/reload actions for them.
 Beside TensorRT-LLM NOT YET RUN ON A GPU; tested on the CPU with the device moves recorded
-(tests/services/trtllm), and, alone on CUDA, park/reload ran on an H200 (test_gpu_drafter_cuda.py).
+(tests/backend/services/trtllm), and, alone on CUDA, park/reload ran on an H200 (test_gpu_drafter_cuda.py).
 
 A model drafter (build_engines/distill_drafter.py) runs our torch engine on the target's GPU,
 in the process TensorRT-LLM's executor runs in. Its weights and its own KV cache are torch

@@ -1,7 +1,7 @@
 """Serving on TensorRT-LLM's PyTorch backend (`tensorrt_llm.LLM`). NOT YET RUN ON A GPU.
 
 Written against TensorRT-LLM 1.2.x; exercised here only with a fake `tensorrt_llm`
-(tests/services/trtllm/). Two parts:
+(tests/backend/services/trtllm/). Two parts:
 
 * `build_llm(cfg, root)`: the `LLM(...)` from our ServerConfig and the LLM-API settings file
   (llm_config.py: KV cache, block reuse, batch, sequence length, tensor parallelism, iteration
@@ -12,9 +12,10 @@ Written against TensorRT-LLM 1.2.x; exercised here only with a fake `tensorrt_ll
   KV pool TensorRT-LLM sizes at start leaves their memory alone.
 * `TrtllmService`: a Service (backend/services/contract.py), as our EngineLoop is: what the
   Triton adapter drives (`submit(GenerationRequest, sink)`, `limits`, `start()`, `stop()`,
-  `drain()`, `idle`) and what the metrics publisher reads (observe.py). Requests are tokenized, checked, stopped and detokenized by the same code as
-  on the CPU (`backend.generation.request`, `backend.generation.sequence`: EOS, max_tokens, context limit, stop words
-  with held-back text, incremental UTF-8 detokenizing, finish_reason, exclude_input_in_output),
+  `drain()`, `idle`) and what the metrics publisher reads (observe.py). Requests are taken in by our
+  loop's intake (`backend.loop.intake`: refusals, tokenizing, checks), then stopped and detokenized by
+  the same code as on the CPU (`backend.generation.sequence`: EOS, max_tokens, context limit, stop
+  words with held-back text, incremental UTF-8 detokenizing, finish_reason, exclude_input_in_output),
   so clients cannot tell which engine serves them. TensorRT-LLM only generates token ids
   (`detokenize=False`); stop words are matched on our text, and the request is aborted when one
   appears.
@@ -35,10 +36,10 @@ from policy.external import IterationDrafter
 from policy.speculator import Speculator
 from policy.types import StepOutcome
 
-from ...generation.detokenizer import IncrementalDetokenizer
 from ...generation.guided import guide_problem
-from ...generation.request import GenerationRequest, Limits, RequestError, admit, prompt_ids
+from ...generation.request import GenerationRequest, Limits, RequestError, prompt_ids
 from ...generation.sequence import Sequence
+from ...loop.intake import Intake, end_tokens
 from ...loop.stats import LoopStats
 from ...server_config import ServerConfig
 from ...wire import ErrorKind
@@ -161,12 +162,13 @@ class TrtllmService:
         self.limits, self.max_batch, self.max_queue = limits, max_batch, max_queue  # max_queue: 0 = no bound
         self.default_eos, self.cancel_poll_s = frozenset(eos_ids), cancel_poll_s
         self.vocab = len(tokenizer)
+        # our intake; TensorRT-LLM samples and masks (guided decoding) itself
+        self.intake = Intake(tokenizer, limits, self.vocab, self.default_eos, own_sampling=False)
         self._listeners: List[Callable[[StepOutcome], None]] = []  # add_outcome_listener: the metrics publisher
         self._counts = ServiceStats()
         self.spec = drafter.iteration_drafter.spec
         self.spec.on_outcome = _Tee(self.spec.on_outcome, self._outcome)
         drafter.in_flight = self._in_flight  # the policy's queue length: in flight minus TensorRT-LLM's active
-        self._ids = iter(range(1, 1 << 62))
         self._aloop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
         self._tasks: set = set()
@@ -179,13 +181,10 @@ class TrtllmService:
 
         ckpt = cfg.resolve(cfg.checkpoint, root)
         tok = AutoTokenizer.from_pretrained(ckpt)
-        eos = json.loads((ckpt / "config.json").read_text()).get("eos_token_id")
-        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        if tok.eos_token_id is not None:
-            eos_ids.add(tok.eos_token_id)
+        eos_ids = end_tokens(json.loads((ckpt / "config.json").read_text()).get("eos_token_id"), tok)
         llm, drafter = build_llm(cfg, root, **build_kwargs)
         return cls(llm, drafter, tok, Limits(max_tokens=cfg.max_tokens_limit, max_context=cfg.max_context),
-                   frozenset(eos_ids), max_batch=cfg.max_batch, max_queue=cfg.max_queue or 4 * cfg.max_batch)
+                   eos_ids, max_batch=cfg.max_batch, max_queue=cfg.max_queue or 4 * cfg.max_batch)
 
     def _in_flight(self) -> int:
         return len(self._tasks)
@@ -267,7 +266,7 @@ class TrtllmService:
         return prompt_ids(self.tok, req)
 
     def submit(self, req: GenerationRequest, sink) -> int:
-        """Admit (backend/request.admit: ShuttingDown, Overloaded or RequestError if refused) and
+        """Admit (backend/loop/intake.py: ShuttingDown, Overloaded or RequestError if refused) and
         start serving."""
         if req.guide is not None:  # TensorRT-LLM masks with the grammar; ours only cuts and proposes drafts
             if self.drafter.guides is None:
@@ -276,18 +275,15 @@ class TrtllmService:
             problem = guide_problem(req.guide)
             if problem:
                 raise RequestError(problem)
-        a = admit(req, self.tok, self.limits, self.vocab, self.default_eos, draining=self._draining,
-                  queue_depth=self.queue_depth, max_queue=self.max_queue)
+        seq = self.intake.sequence(req, sink, draining=self._draining, queue_depth=self.queue_depth,
+                                   max_queue=self.max_queue)
         if req.bad_words_ids:  # our logits processors run in our loop only
             raise RequestError("bad_words_list is not served by the TensorRT-LLM service yet")
         if not req.sampling.greedy:
-            req.seed = a.seed  # TensorRT-LLM samples with the request's seed (sampling_params)
-        seq = Sequence(seq_id=next(self._ids), request=req, sink=sink, prompt_ids=a.prompt_ids,
-                       tokens=list(a.prompt_ids), detok=IncrementalDetokenizer(self.tok, a.prompt_ids),
-                       eos_ids=a.eos_ids, seed=a.seed, arrival_s=time.perf_counter())
+            req.seed = seq.seed  # TensorRT-LLM samples with the request's seed (sampling_params)
         if self._aloop is None:
             raise RuntimeError("TrtllmService.start() was not called")
-        self._counts.admitted(len(a.prompt_ids))
+        self._counts.admitted(len(seq.prompt_ids))
         self._aloop.call_soon_threadsafe(self._spawn, seq)
         return seq.seq_id
 
