@@ -255,6 +255,7 @@ class Edge:
         self.upstream = "http://triton" if self.upstream_socket else upstream.rstrip("/")
         # what is refused here never reaches Triton's or the model's counters (backend/frontend/metrics.py)
         self.refusals = EdgeRefusals(refusals_file)
+        self._unreachable_logged = False
         # Set when shutdown begins: every new request gets 503 (readiness too), in-flight ones go on.
         self.draining = draining
         # The client's ADMIN_HEADER is checked here against admin_key and never passed on; Triton
@@ -438,6 +439,7 @@ class Edge:
             # HEAD: Triton 2.51 drops the connection; GET's answer, whose body aiohttp leaves out
             method = "GET" if request.method == "HEAD" else request.method
             async with self.session.request(method, url, data=body or None, headers=headers) as up:
+                self._unreachable_logged = False
                 out_headers = {k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP}
                 if up.status >= 400 or not stream:
                     data = await up.read()
@@ -462,7 +464,10 @@ class Edge:
                 await resp.write_eof()
                 return resp
         except (ClientError, asyncio.TimeoutError, ConnectionRefusedError) as e:
-            log.warning("upstream %s %s failed: %r", request.method, request.path, e)
+            if not self._unreachable_logged:  # once an outage: clients poll /v2/health/ready while Triton starts
+                log.warning("upstream %s %s failed (logged once until Triton answers again): %r",
+                            request.method, request.path, e)
+                self._unreachable_logged = True
             self.refusals.count("triton", 503, "unreachable")
             return error_response(503, "the inference server is not reachable; retry later", stream)
 

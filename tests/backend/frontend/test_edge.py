@@ -568,3 +568,38 @@ def test_a_stream_triton_stops_sending_ends_with_an_error_event():
         assert events[0] == {"text_output": "Paris"} and "stopped while running this request" in events[-1]["error"]
 
     edge_test(main)
+
+
+def test_an_unreachable_triton_is_a_503_logged_once_an_outage(caplog):
+    """While Triton starts, clients poll /v2/health/ready through the edge several times a second:
+    each poll is a 503, but the server log got one warning a poll (hundreds a start)."""
+    import asyncio
+    import logging
+
+    import aiohttp
+
+    from backend.frontend.edge import serve
+    from backend.frontend.launcher import free_port
+
+    async def run():
+        stop, port = asyncio.Event(), free_port()
+        nobody = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+        served = asyncio.create_task(serve("127.0.0.1", port, nobody, stop, grpc_upstream="127.0.0.1:9"))
+        statuses = []
+        async with aiohttp.ClientSession() as client:
+            for _ in range(100):
+                try:
+                    async with client.get(f"http://127.0.0.1:{port}/v2/health/ready") as r:
+                        statuses.append(r.status)
+                    if len(statuses) == 5:
+                        break
+                except aiohttp.ClientConnectionError:  # the edge is not listening yet
+                    await asyncio.sleep(0.05)
+        stop.set()
+        await served
+        return statuses
+
+    with caplog.at_level(logging.WARNING):
+        statuses = asyncio.run(run())
+    assert statuses == [503] * 5
+    assert len([r for r in caplog.records if "upstream GET /v2/health/ready failed" in r.getMessage()]) == 1
