@@ -51,6 +51,7 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, Uni
 from .body_format import OPENAI_TYPES, TRITON_TYPES, check_media_type
 from .http_body import EdgeError, close_after, parse_json, read_body
 from .metrics import EdgeRefusals
+from ..server_config import ServerConfig
 from ..wire import (ADMIN_HEADER, INTERNAL_HEADER, REQUEST_ID, REQUEST_ID_HEADER, REQUEST_ID_NAMES, ErrorKind,
                     error_kind)
 
@@ -249,7 +250,8 @@ class Edge:
                  grpc_upstream: Optional[str] = None, draining: Optional[asyncio.Event] = None,
                  admin_key: Optional[str] = None, upstream_admin_key: Optional[str] = None,
                  internal_key: Optional[str] = None, cancel_dir: Optional[str] = None,
-                 refusals_file: Optional[str] = None, read_timeout_s: float = READ_TIMEOUT_S):
+                 refusals_file: Optional[str] = None, read_timeout_s: float = READ_TIMEOUT_S,
+                 served: Optional[ServerConfig] = None):
         # Triton's HTTP: "unix:<socket path>" (what the launcher gives) or a base URL
         self.upstream_socket = upstream[len("unix:"):] if upstream.startswith("unix:") else None
         self.upstream = "http://triton" if self.upstream_socket else upstream.rstrip("/")
@@ -265,6 +267,7 @@ class Edge:
         self.internal = {INTERNAL_HEADER: internal_key} if internal_key else {}
         self.read_timeout_s = read_timeout_s
         self.grpc_upstream = grpc_upstream  # Triton's gRPC, e.g. 127.0.0.1:8001: serves the OpenAI API
+        self.served = served  # what the launcher resolved (backend/served.py): the OpenAI API reads it
         self.max_body_bytes, self.max_depth = max_body_bytes, max_depth
         self.marks = CancelMarks(cancel_dir) if cancel_dir else None  # None: requests are not tagged
         self.session: Optional[ClientSession] = None
@@ -275,7 +278,7 @@ class Edge:
                               middlewares=[self._limit_headers, self._refuse_while_draining])
         if self.grpc_upstream:  # /v1/...: backend/frontend/openai_api.py, before the catch-all
             from .openai_api import OpenAIApi
-            OpenAIApi(self, self.grpc_upstream).mount(app)
+            OpenAIApi(self, self.grpc_upstream, self.served).mount(app)
         app.router.add_route("*", "/{tail:.*}", self.handle)
         app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)

@@ -38,6 +38,7 @@ from aiohttp import web
 
 from .edge import STREAM_BROKEN
 from .http_body import EdgeError, close_after, lone_surrogate, surrogate_message
+from ..server_config import ServerConfig
 from ..wire import ErrorKind, error_kind
 
 log = logging.getLogger("specserve.openai")
@@ -210,14 +211,15 @@ def parse_response_format(fmt) -> Optional[tuple]:
     return guide.type, guide.text
 
 
-def resolve_lengths(p: dict, default_max_tokens: Optional[int]) -> None:
+def resolve_lengths(p: dict, served: ServerConfig) -> None:
     """-> p["min_length"], the engine's: min_tokens, or with ignore_eos max_tokens itself. ignore_eos
     is exact this way: the end tokens are masked for every token, so exactly max_tokens are
     generated (unless a stop string ends it, as in vLLM); an end_id "that never occurs" does not
     exist under sampling. Unlike vLLM, an end token is never emitted mid-output. A request without
-    max_tokens gets the server's default here, so min_tokens can be checked against it."""
+    max_tokens gets the server's default here (ServerConfig.max_new_tokens, the one place it applies,
+    from the launcher's record), so min_tokens can be checked against it."""
     if (p["min_tokens"] or p["ignore_eos"]) and p["max_tokens"] is None:
-        p["max_tokens"] = default_max_tokens
+        p["max_tokens"] = served.max_new_tokens(None)
     p["min_length"] = p["max_tokens"] if p["ignore_eos"] else p["min_tokens"]
     if p["min_tokens"] > (p["max_tokens"] or 0):
         raise ApiError(400, f"min_tokens {p['min_tokens']} exceeds max_tokens {p['max_tokens']}"
@@ -394,8 +396,9 @@ def completion_logprobs(pieces: TokenPieces, lp: dict, offset: int) -> tuple:
 
 # -- the API ------------------------------------------------------------------------------------------
 class OpenAIApi:
-    def __init__(self, edge, grpc_url: str):
-        self.edge, self.grpc_url = edge, grpc_url  # edge: body limits and Triton's model config
+    def __init__(self, edge, grpc_url: str, served: ServerConfig):
+        self.edge, self.grpc_url = edge, grpc_url  # edge: body limits and Triton's readiness
+        self.served = served  # the launcher's record: the checkpoint and the default length
         self.client = None
         self._template: Optional[ChatTemplate] = None
         self._pieces: Optional[TokenPieces] = None
@@ -439,21 +442,17 @@ class OpenAIApi:
             raise ApiError(503, "the model is not ready; retry later", code="model_not_ready")
         return config
 
-    async def _checkpoint(self) -> Path:
-        from ..server_config import ServerConfig
-        params = {k: v["string_value"] for k, v in (await self._config()).get("parameters", {}).items()}
-        root = Path(params.pop("project_root", "") or ROOT)
-        cfg = ServerConfig.load(params)
-        return cfg.resolve(cfg.checkpoint, root)
+    def _checkpoint(self) -> Path:
+        return self.served.resolve(self.served.checkpoint, ROOT)
 
     async def _chat_template(self) -> ChatTemplate:
         if self._template is None:
-            self._template = ChatTemplate(await self._checkpoint())
+            self._template = ChatTemplate(self._checkpoint())
         return self._template
 
     async def _token_pieces(self) -> TokenPieces:
         if self._pieces is None:
-            self._pieces = TokenPieces(await self._checkpoint())
+            self._pieces = TokenPieces(self._checkpoint())
         return self._pieces
 
     async def _read(self, request: web.Request):
@@ -492,18 +491,11 @@ class OpenAIApi:
             raise ApiError(404, f"The model '{name}' does not exist (this server serves '{ENGINE_MODEL}')",
                            "model", "model_not_found")
 
-    async def _default_max_tokens(self) -> int:
-        from ..server_config import ServerConfig
-        params = {k: v["string_value"] for k, v in (await self._config()).get("parameters", {}).items()}
-        params.pop("project_root", None)
-        return ServerConfig.load(params).default_max_tokens
-
     async def chat(self, request: web.Request) -> web.StreamResponse:
         try:
             p, messages = parse_chat(await self._read(request))
             self._check_model(p["model"])
-            needs_default = p["max_tokens"] is None and (p["min_tokens"] or p["ignore_eos"])
-            resolve_lengths(p, await self._default_max_tokens() if needs_default else None)
+            resolve_lengths(p, self.served)
         except ApiError as e:
             return await self._refuse_read(request, e)
         try:  # only the template's own failures are the template's
@@ -519,7 +511,7 @@ class OpenAIApi:
         try:
             p, prompt, echo = parse_completion(await self._read(request))
             self._check_model(p["model"])
-            resolve_lengths(p, None)  # max_tokens is always set (16)
+            resolve_lengths(p, self.served)  # max_tokens is always set (16)
         except ApiError as e:
             return await self._refuse_read(request, e)
         return await self._run(request, p, prompt, chat=False, echo=echo)
@@ -534,8 +526,8 @@ class OpenAIApi:
             return x
         ins = [t("text_input", prompt.encode(), "BYTES", object), t("stream", True, "BOOL", bool),
                t("temperature", p["temperature"], "FP32", np.float32)]
-        if p["max_tokens"] is not None:
-            ins.append(t("max_tokens", min(p["max_tokens"], 2**31 - 1), "INT32", np.int32))
+        if p["max_tokens"] is not None:  # parse_* checked it fits INT32
+            ins.append(t("max_tokens", p["max_tokens"], "INT32", np.int32))
         if p["top_p"] is not None:
             ins.append(t("top_p", p["top_p"], "FP32", np.float32))
         if p["seed"] is not None:

@@ -64,7 +64,7 @@ def preprocess(tokenizer, values: Dict[str, np.ndarray]) -> Dict[str, np.ndarray
     default_pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else default_end
     end = [_one(end_rows, b, default_end) for b in range(batch)]
     pad = [_one(pad_rows, b, default_pad) for b in range(batch)]
-    ids = [prompt_ids(tokenizer, GenerationRequest(prompt=_text(q, "QUERY"))) for q in query.reshape(-1)]
+    ids = [prompt_ids(tokenizer, GenerationRequest(prompt=_text(q, "QUERY"), max_new_tokens=1)) for q in query.reshape(-1)]
     width = max(1, max(map(len, ids)))
     input_id = np.array([seq + [pad[b]] * (width - len(seq)) for b, seq in enumerate(ids)], dtype=np.int32)
     words = {}

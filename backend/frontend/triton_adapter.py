@@ -31,6 +31,7 @@ from ..generation.logits_processors import Penalties
 from ..generation.request import GenerationRequest, Overloaded, RequestError, decode_utf8, validate
 from ..generation.sampling import SamplingParams
 from ..generation.sequence import Chunk
+from ..served import for_model
 from ..server_config import ServerConfig
 from ..services import Service
 from ..services.build import build_service
@@ -168,7 +169,7 @@ def _convert(request, cfg: ServerConfig) -> list:
             seed = None if v["random_seed"] is None else (v["random_seed"] + s) % (1 << 64)
             out.append((GenerationRequest(
                 prompt=prompt,
-                max_tokens=v["max_tokens"] if v["max_tokens"] is not None else cfg.default_max_tokens,
+                max_new_tokens=cfg.max_new_tokens(v["max_tokens"]),
                 sampling=sampling, seed=seed, stop_words=[w for w in stop_rows[b] if w], end_id=v["end_id"],
                 stream=bool(v["stream"]), exclude_input_in_output=bool(v["exclude_input_in_output"]),
                 apply_chat_template=cfg.chat_template_default if chat is None else chat, penalties=penalties,
@@ -473,7 +474,7 @@ class TritonPythonModel:
     def initialize(self, args):
         _, params = model_config(args, True, "this model must be decoupled (model_transaction_policy)")
         self.root = Path(params.pop("project_root", "") or Path(__file__).resolve().parents[2])
-        self.cfg = ServerConfig.load(params)
+        self.cfg = for_model(params, root=self.root)  # the launcher's record (backend/served.py)
         log.info("config: %s", self.cfg)
         self.service: Service = build_service(self.cfg, self.root)
         self.writer = ResponseWriter() if self.cfg.async_send else None

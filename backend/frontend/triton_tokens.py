@@ -22,7 +22,7 @@ import triton_python_backend_utils as pb_utils
 from . import token_models
 from .triton_forward import error_code, model_config, request_id
 from ..generation.request import RequestError
-from ..server_config import ServerConfig
+from ..served import for_model
 from ..wire import REQUEST_ID, ErrorKind
 
 log = logging.getLogger("specserve.tokens")
@@ -40,13 +40,13 @@ def _error(message: str, code: str):
 
 
 def _load_tokenizer(args):
-    """The tokenizer of the checkpoint llm serves: the model's `checkpoint` parameter, with llm's
-    SPECSERVE_CHECKPOINT override (backend/server_config.py)."""
+    """The tokenizer of the checkpoint llm serves: the launcher's record of the served config
+    (backend/served.py), else this model's `checkpoint` parameter with SPECSERVE_CHECKPOINT over it."""
     from transformers import AutoTokenizer
 
     params = {k: v["string_value"] for k, v in json.loads(args["model_config"]).get("parameters", {}).items()}
     root = Path(params.pop("project_root", "") or Path(__file__).resolve().parents[2])
-    cfg = ServerConfig.load(params)
+    cfg = for_model(params, root=root)
     return AutoTokenizer.from_pretrained(cfg.resolve(cfg.checkpoint, root))
 
 

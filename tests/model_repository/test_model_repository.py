@@ -154,6 +154,6 @@ def test_the_served_drafters_include_every_model_free_one_the_policy_lists(llm):
 
     from backend.drafters import DRAFTERS
     served = llm.parameters["drafters"].string_value.split(",")
-    policy = yaml.safe_load((REPO.parent / llm.parameters["policy_config"].string_value).read_text())
+    policy = yaml.safe_load((REPO.parent / llm.parameters["policy"].string_value).read_text())
     listed = [d for d in policy["params"]["drafters"] if d in DRAFTERS and not DRAFTERS[d].is_model]
     assert "grammar" in listed and set(listed) <= set(served), (listed, served)

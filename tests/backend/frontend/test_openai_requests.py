@@ -1,9 +1,13 @@
 """The OpenAI API's request parsing and chat-template rendering (backend/frontend/openai_api.py), without a
 server: tests/integration/test_openai_api.py runs it against the real one."""
-import pytest
+import asyncio
 
-from backend.frontend.openai_api import (ApiError, ChatTemplate, TokenPieces, chat_logprobs, completion_logprobs, model_error,
-                                parse_chat, parse_completion, resolve_lengths)
+import pytest
+from aiohttp import web
+
+from backend.frontend.openai_api import (ApiError, ChatTemplate, OpenAIApi, TokenPieces, chat_logprobs, completion_logprobs,
+                                         model_error, parse_chat, parse_completion, resolve_lengths)
+from backend.server_config import ServerConfig
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -76,8 +80,29 @@ def test_chat_refusals_name_the_field(body, param, words):
 ])
 def test_min_tokens_and_ignore_eos(body, expected):
     p, _ = parse_chat(dict({"model": "llm", "messages": MSG}, **body))
-    resolve_lengths(p, 64 if p["max_tokens"] is None else None)
+    resolve_lengths(p, ServerConfig(default_max_tokens=64))
     assert (p["max_tokens"], p["min_length"]) == expected
+
+
+def test_the_default_length_is_the_launchers_record_not_tritons_model_config():
+    """ignore_eos without max_tokens needs the server's default: the OpenAI API takes it from the
+    served config the launcher resolved (ServerConfig.max_new_tokens, where the adapter takes it
+    too), never fetching Triton's model config for it."""
+    class Edge:
+        async def read_json(self, request):
+            return {"model": "llm", "messages": MSG, "ignore_eos": True}
+
+        async def model_config(self, model):
+            raise AssertionError("the OpenAI API asked Triton for its model config")
+
+    api, sent = OpenAIApi(Edge(), "127.0.0.1:1", ServerConfig(default_max_tokens=7)), []
+
+    async def run(request, p, prompt, chat, echo):
+        sent.append(p)
+        return web.Response()
+    api._run = run
+    asyncio.run(api.chat(None))
+    assert (sent[0]["max_tokens"], sent[0]["min_length"]) == (7, 7)
 
 
 @pytest.mark.parametrize("body,words", [({"max_tokens": 4, "min_tokens": 5}, "min_tokens 5 exceeds max_tokens 4"),
@@ -85,11 +110,11 @@ def test_min_tokens_and_ignore_eos(body, expected):
 def test_min_tokens_above_max_tokens(body, words):
     p, _ = parse_chat(dict({"model": "llm", "messages": MSG}, **body))
     with pytest.raises(ApiError, match=words.replace("(", r"\(").replace(")", r"\)")) as e:
-        resolve_lengths(p, 64)
+        resolve_lengths(p, ServerConfig(default_max_tokens=64))
     assert e.value.status == 400 and e.value.param == "min_tokens"
     p, _, _ = parse_completion({"model": "llm", "prompt": "x", "min_tokens": 17})  # OpenAI's default 16
     with pytest.raises(ApiError, match="min_tokens 17 exceeds max_tokens 16"):
-        resolve_lengths(p, None)
+        resolve_lengths(p, ServerConfig())
 
 
 def test_model_errors_name_the_openai_field():

@@ -63,7 +63,7 @@ def trtllm_service(fake_trtllm):
 
     spec = Speculator(make_policy("off"), {"ngram": make_drafter("ngram")})
     drafter = AdaptiveDrafter(IterationDrafter(spec, max_draft_len=4))
-    return TrtllmService(StubLLM(), drafter, StubTokenizer(), Limits(max_tokens=16, max_context=64), frozenset({0}),
+    return TrtllmService(StubLLM(), drafter, StubTokenizer(), Limits(max_new_tokens_limit=16, max_context=64), frozenset({0}),
                          max_batch=2, max_queue=8)
 
 
