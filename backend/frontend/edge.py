@@ -213,7 +213,7 @@ def refusal(request: web.Request, status: int, message: str, code: Optional[str]
     """An error in the shape of the interface the request was for: OpenAI's on /v1, Triton's
     ({"error": message}, an event on /generate_stream) on the rest."""
     if is_openai(request.path):
-        from .openai_api import ApiError, error_response as openai_error
+        from .openai.errors import ApiError, error_response as openai_error
         return openai_error(ApiError(status, message, code=code))
     return error_response(status, message, request.path.endswith("/generate_stream"))
 
@@ -276,8 +276,8 @@ class Edge:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes + 1,  # the handler reads; this is a backstop
                               middlewares=[self._limit_headers, self._refuse_while_draining])
-        if self.grpc_upstream:  # /v1/...: backend/frontend/openai_api.py, before the catch-all
-            from .openai_api import OpenAIApi
+        if self.grpc_upstream:  # /v1/...: backend/frontend/openai/, before the catch-all
+            from .openai.routes import OpenAIApi
             OpenAIApi(self, self.grpc_upstream, self.served).mount(app)
         app.router.add_route("*", "/{tail:.*}", self.handle)
         app.on_startup.append(self._open)
