@@ -153,7 +153,8 @@ def test_only_the_triton_adapters_import_triton_python_backend_utils():
     assert "the only modules importing `triton_python_backend_utils`" in ARCHITECTURE
     assert imported_only_by("triton_python_backend_utils", ["backend", "build_engines", "policy", "bench",
                                                            "model_repository"]) == {
-        "backend/frontend/triton_adapter.py", "backend/frontend/triton_forward.py", "backend/frontend/triton_tokens.py"}
+        "backend/frontend/triton_models/model.py", "backend/frontend/triton_models/responses.py", "backend/frontend/triton_models/sink.py",
+        "backend/frontend/triton_models/forward.py", "backend/frontend/triton_models/tokens.py"}
 
 
 def test_what_the_launcher_checks_a_config_with_imports_no_torch():

@@ -83,7 +83,7 @@ INFER_HEADER = "Inference-Header-Content-Length"
 # The edge's own id of a request the model computes (backend/wire.py). Triton 2.51 forwards headers
 # (--http-header-forward-pattern, backend/frontend/launcher.py) as request parameters on /infer only, not on
 # /generate: there the id goes into the body's "parameters". llm_unary passes it on to llm
-# (backend/frontend/triton_forward.py), whose response sender watches for its cancel mark (backend/frontend/triton_adapter.py).
+# (backend/frontend/triton_models/forward.py), whose response sender watches for its cancel mark (backend/frontend/triton_models/model.py).
 
 _INT_RANGES = {f"TYPE_INT{b}": (-(1 << (b - 1)), (1 << (b - 1)) - 1) for b in (8, 16, 32, 64)}
 _INT_RANGES.update({f"TYPE_UINT{b}": (0, (1 << b) - 1) for b in (8, 16, 32, 64)})

@@ -253,7 +253,7 @@ class TrtllmService:
         return not self._tasks
 
     def drain(self, seconds: float) -> None:
-        """Shutdown begins (backend/frontend/triton_adapter.py DrainWatcher): refuse new requests at once, let
+        """Shutdown begins (backend/frontend/triton_models/drain.py DrainWatcher): refuse new requests at once, let
         those in flight run for `seconds`, then end them with a final error."""
         if self._draining:
             return

@@ -21,7 +21,8 @@ from backend.services import Service
 from policy import make_policy
 
 ROOT = Path(__file__).resolve().parents[3]
-FRONT_ENDS = [ROOT / "backend" / "frontend" / "triton_adapter.py", ROOT / "backend" / "frontend" / "metrics.py"]
+FRONT_ENDS = [ROOT / "backend" / "frontend" / "triton_models" / f"{name}.py" for name in ("model", "drain", "sink")] + [
+    ROOT / "backend" / "frontend" / "metrics.py"]
 MEMBERS = {n: v for n, v in vars(Service).items() if not n.startswith("_")}
 
 

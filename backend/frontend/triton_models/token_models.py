@@ -1,6 +1,6 @@
 """The token-level models of NVIDIA's TensorRT-LLM model set, without Triton: what
 `preprocessing` (text -> ids), `tensorrt_llm` (ids -> ids, on llm's engine) and
-`postprocessing` (ids -> text) compute. backend/frontend/triton_tokens.py moves the tensors.
+`postprocessing` (ids -> text) compute. backend/frontend/triton_models/tokens.py moves the tensors.
 
 Tensor names, dtypes and shapes are NVIDIA's (all_models/inflight_batcher_llm/*/config.pbtxt),
 so preprocessing -> tensorrt_llm -> postprocessing chains as in NVIDIA's end_to_end_test.py.
@@ -12,8 +12,8 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from ..generation import word_lists
-from ..generation.request import GenerationRequest, RequestError, decode_utf8, prompt_ids
+from ...generation import word_lists
+from ...generation.request import GenerationRequest, RequestError, decode_utf8, prompt_ids
 
 # -- preprocessing --------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The Triton models of NVIDIA's token-level model set (backend/frontend/token_models.py computes):
+"""The Triton models of NVIDIA's token-level model set (backend/frontend/triton_models/token_models.py computes):
 
 - `Preprocessing` (model `preprocessing`): text -> ids with the served checkpoint's tokenizer;
 - `Postprocessing` (model `postprocessing`): ids -> text;
@@ -20,10 +20,10 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from . import token_models
-from .triton_forward import error_code, model_config, request_id
-from ..generation.request import RequestError
-from ..served import for_model
-from ..wire import REQUEST_ID, ErrorKind
+from .forward import error_code, model_config, request_id
+from ...generation.request import RequestError
+from ...served import for_model
+from ...wire import REQUEST_ID, ErrorKind
 
 log = logging.getLogger("specserve.tokens")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -45,7 +45,7 @@ def _load_tokenizer(args):
     from transformers import AutoTokenizer
 
     params = {k: v["string_value"] for k, v in json.loads(args["model_config"]).get("parameters", {}).items()}
-    root = Path(params.pop("project_root", "") or Path(__file__).resolve().parents[2])
+    root = Path(params.pop("project_root", "") or Path(__file__).resolve().parents[3])
     cfg = for_model(params, root=root)
     return AutoTokenizer.from_pretrained(cfg.resolve(cfg.checkpoint, root))
 

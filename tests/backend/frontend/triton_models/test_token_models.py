@@ -1,11 +1,11 @@
-"""NVIDIA's token-level models without Triton (backend/frontend/token_models.py, the word-list
+"""NVIDIA's token-level models without Triton (backend/frontend/triton_models/token_models.py, the word-list
 format in backend/generation/word_lists.py) on the served checkpoint's tokenizer, and what a
 token-level request sends back (backend/generation/sequence.py). The real server runs them in
 tests/integration/test_token_models.py."""
 import numpy as np
 import pytest
 
-from backend.frontend.token_models import llm_inputs, postprocess, preprocess
+from backend.frontend.triton_models.token_models import llm_inputs, postprocess, preprocess
 from backend.generation import word_lists
 from backend.generation.request import GenerationRequest, RequestError, prompt_ids
 from backend.generation.sequence import Sequence
