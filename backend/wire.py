@@ -39,6 +39,11 @@ class ErrorKind(enum.Enum):
         return f"{self.prefix}: {text}" if self.prefix else text
 
 
+# A stream the server stopped sending (Triton died mid-request: the edge's and the OpenAI API's last event)
+STREAM_BROKEN = ErrorKind.INTERNAL.message("the inference server stopped while running this request "
+                                           "(it is being restarted); retry")
+
+
 def error_kind(message: str) -> ErrorKind:
     """The kind of a model's error message, from its prefix (INVALID when it has none)."""
     return next((k for k in ErrorKind if k.prefix and message.startswith(k.prefix)), ErrorKind.INVALID)

@@ -52,8 +52,8 @@ from .body_format import OPENAI_TYPES, TRITON_TYPES, check_media_type
 from .http_body import EdgeError, close_after, parse_json, read_body
 from .metrics import EdgeRefusals
 from ..server_config import ServerConfig
-from ..wire import (ADMIN_HEADER, INTERNAL_HEADER, REQUEST_ID, REQUEST_ID_HEADER, REQUEST_ID_NAMES, ErrorKind,
-                    error_kind)
+from ..wire import (ADMIN_HEADER, INTERNAL_HEADER, REQUEST_ID, REQUEST_ID_HEADER, REQUEST_ID_NAMES, STREAM_BROKEN,
+                    ErrorKind, error_kind)
 
 log = logging.getLogger("specserve.edge")
 
@@ -66,8 +66,6 @@ READ_TIMEOUT_S = 30.0  # a client's time to send its headers, and again its body
 # reach it (its memory per connection stays under 128 headers of that size).
 MAX_HEADER_BYTES = 32 << 10
 HEADER_PARSE_LIMIT = 128 << 10
-STREAM_BROKEN = ErrorKind.INTERNAL.message("the inference server stopped while running this request "
-                                           "(it is being restarted); retry")
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
               "transfer-encoding", "upgrade", "content-length", "host", "expect"}
 GENERATE = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?/generate(?:_stream)?$")

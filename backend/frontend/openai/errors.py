@@ -7,8 +7,7 @@ from typing import Optional
 
 from aiohttp import web
 
-from ..edge import STREAM_BROKEN
-from ...wire import ErrorKind, error_kind
+from ...wire import STREAM_BROKEN, ErrorKind, error_kind
 
 log = logging.getLogger("specserve.openai")
 NOT_REACHABLE = "the inference server is not reachable; retry later"
