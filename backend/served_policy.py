@@ -2,11 +2,12 @@
 engine built here: the launcher checks these before it starts Triton)."""
 from __future__ import annotations
 
+import difflib
 import logging
 from pathlib import Path
 from typing import Dict, Tuple
 
-from policy import Policy, make_policy
+from policy import POLICIES, Policy, PolicyConfigError, make_policy
 from policy.config import load_policy_config
 
 from .manifest import gguf_entry
@@ -32,15 +33,25 @@ def engine_name(cfg: ServerConfig, root: Path) -> str:
     return "torch/bf16-variant" if cfg.dtype == "bf16" and not cfg.batch_invariant else f"torch/{cfg.dtype}"
 
 
+def known_policy(name: str) -> str:
+    """`name` when a policy is registered under it; else PolicyConfigError naming the closest one
+    (a misspelt policy is refused at launch, not when Triton loads the model)."""
+    if name in POLICIES:
+        return name
+    close = difflib.get_close_matches(name, sorted(POLICIES), n=1, cutoff=0.6)
+    raise PolicyConfigError(f"unknown policy {name!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+                            + f" (registered: {', '.join(sorted(POLICIES))}; or a YAML file: configs/policies/*.yaml)")
+
+
 def policy_params(cfg: ServerConfig, root: Path) -> Tuple[str, dict, Dict[str, Path]]:
     """(policy name, its parameters, the `{engine}` profiles it names that are not measured yet).
     Relative `*_path` parameters are relative to the project root, and `{engine}` in them is the
     served engine's name (torch/bf16 -> torch-bf16): each engine plans with its own measured
     curve (build_engines/profile_costs.py). Missing profiles are left out of the parameters,
     except on trtllm, where a missing step-time profile is replaced by `TRTLLM_DEFAULTS`'s."""
-    if not cfg.policy_config:
-        return cfg.policy, {}, {}
-    name, params = load_policy_config(str(cfg.resolve(cfg.policy_config, root)))
+    if not cfg.policy_file():
+        return known_policy(cfg.policy), {}, {}
+    name, params = load_policy_config(str(cfg.resolve(cfg.policy, root)))
     missing = {}
     for key, value in list(params.items()):
         if key.endswith("_path") and value:

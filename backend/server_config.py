@@ -11,7 +11,7 @@ import logging
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import List, Mapping
+from typing import List, Mapping, Optional
 
 log = logging.getLogger("specserve")
 
@@ -29,11 +29,12 @@ class ServerConfig:
     kv_type: str = "q8_0"  # llama.cpp engine's KV cache type: q8_0 | bf16 (batch-invariant) | f16 (not batch-invariant)
     max_batch: int = 32  # running sequences per model instance
     max_context: int = 2048  # prompt + output tokens per sequence
-    max_tokens_limit: int = 1024  # largest max_tokens a request may ask for
-    default_max_tokens: int = 64  # when a request does not send max_tokens
+    max_tokens_limit: int = 1024  # largest max_tokens a request may ask for (Limits.max_new_tokens_limit)
+    default_max_tokens: int = 64  # when a request does not send max_tokens (max_new_tokens applies it)
     threads: int = 0  # engine threads (torch intra-op, llama.cpp); 0 = all cores
-    policy: str = "composite"  # a registered policy name (see policy/)
-    policy_config: str = ""  # optional YAML file with the policy's parameters
+    # the policy: a registered name (see policy/), or a YAML file naming one with its parameters
+    # (configs/policies/*.yaml); the launcher checks it (backend/served.py)
+    policy: str = "composite"
     drafters: str = "ngram,suffix,grammar"  # comma-separated: registered drafters, or model drafters found in drafter_dir
     drafter_dir: str = ".cache/drafters"  # model drafter <name> is <drafter_dir>/<name>-drafter[-quick]
     kv_budget_mb: int = 0  # target KV cache + resident model drafters; 0 = room for max_batch full contexts
@@ -64,7 +65,7 @@ class ServerConfig:
 
     @classmethod
     def load(cls, params: Mapping[str, str], env: Mapping[str, str] = os.environ) -> "ServerConfig":
-        values = {}
+        params, values = _one_policy_key(params, env), {}
         for f in fields(cls):
             raw = env.get("SPECSERVE_" + f.name.upper(), params.get(f.name))
             if raw is None or raw == "":
@@ -92,13 +93,46 @@ class ServerConfig:
                              f"(the {cfg.engine} engine runs on one device)")
         return cfg
 
+    def policy_file(self) -> bool:
+        """Whether `policy` names a YAML file (else a registered policy's name)."""
+        return self.policy.endswith((".yaml", ".yml")) or "/" in self.policy
+
+    def max_new_tokens(self, sent: Optional[int]) -> int:
+        """A request's length: the max_tokens it sent, else this server's default. The one place the
+        default applies (Triton's models and the OpenAI API both ask here); checked against
+        max_tokens_limit once, by generation/request.validate."""
+        return self.default_max_tokens if sent is None else sent
+
     def resolve(self, path: str, root: Path) -> Path:
         p = Path(path)
         return p if p.is_absolute() else root / p
 
 
+# The policy file's former key: read still (a config or a script may set it), but never beside `policy`
+FORMER_POLICY_KEY = "policy_config"
+
+
+def _one_policy_key(params: Mapping[str, str], env: Mapping[str, str]) -> dict:
+    """params with the former policy_config folded into policy, the one policy key; ValueError
+    when both name a policy (one of them would be silently ignored: which one serves?)."""
+    params = dict(params)
+    former = env.get("SPECSERVE_POLICY_CONFIG", params.pop(FORMER_POLICY_KEY, None))
+    params.pop(FORMER_POLICY_KEY, None)
+    if not former:
+        return params
+    named = [f"{where} {value!r}" for where, value in (("SPECSERVE_POLICY", env.get("SPECSERVE_POLICY")),
+                                                      ("the served config's policy", params.get("policy"))) if value]
+    if named:
+        source = "SPECSERVE_POLICY_CONFIG" if env.get("SPECSERVE_POLICY_CONFIG") else "the served config's policy_config"
+        raise ValueError(f"two policies are named: {named[0]} and {source} {former!r}; set one, policy (a name or "
+                         f"a YAML file; policy_config is its former name for a file)")
+    params["policy"] = former
+    return params
+
+
 # SPECSERVE_* variables read by the code that are not ServerConfig keys (each in the README's tables).
 OTHER_ENV = {
+    "SPECSERVE_POLICY_CONFIG": "the former name of SPECSERVE_POLICY for a policy file: read, never beside it",
     "SPECSERVE_ROOT": "project root Triton's model.py imports from (the launcher sets it)",
     "SPECSERVE_ADMIN_KEY": "the launcher: the key that opens Triton's restricted HTTP APIs",
     "SPECSERVE_BIND_ADDRESS": "the launcher: the address the edge, gRPC and metrics listen on",
@@ -109,6 +143,7 @@ OTHER_ENV = {
     "SPECSERVE_HTTP_READ_TIMEOUT_S": "the launcher: seconds an HTTP client has to send headers, and its body",
     "SPECSERVE_START_TIMEOUT_S": "the launcher: seconds a starting Triton has to become ready before it is restarted",
     "SPECSERVE_PARENT_PID": "the launcher tells Triton (argv_env.c) the process whose death kills it",
+    "SPECSERVE_SERVED": "the launcher tells Triton's models the file holding the served config it resolved",
     "SPECSERVE_CANCEL_DIR": "the launcher tells the model where the edge marks cancelled requests",
     "SPECSERVE_DRAIN_FILE": "the launcher tells the model the file that says it is draining",
     "SPECSERVE_EDGE_REFUSALS": "the launcher tells the model the file holding the edge's refusal counts",

@@ -1,6 +1,6 @@
 """The words the model and every front end share, in one place: the kinds of error a model's
 message can carry (its prefix, HTTP status, OpenAI error type, Triton error code) and the
-request-id names. Standard library only: Triton's unary model (backend/frontend/triton_forward.py), the
+request-id names. Standard library only: Triton's unary model (backend/frontend/triton_models/forward.py), the
 HTTP edge, the OpenAI layer and the serving loops all import it.
 
 Errors cross processes as text (a decoupled Triton model's error reaches HTTP clients as a 400
@@ -37,6 +37,11 @@ class ErrorKind(enum.Enum):
     def message(self, text: str) -> str:
         """`text` as a message of this kind (an INVALID message is the text itself)."""
         return f"{self.prefix}: {text}" if self.prefix else text
+
+
+# A stream the server stopped sending (Triton died mid-request: the edge's and the OpenAI API's last event)
+STREAM_BROKEN = ErrorKind.INTERNAL.message("the inference server stopped while running this request "
+                                           "(it is being restarted); retry")
 
 
 def error_kind(message: str) -> ErrorKind:

@@ -64,12 +64,12 @@ def run(engine, tok, chunk: int, streams: int, prompt: str) -> dict:
         sinks = []
         for i in range(streams):
             sinks.append(TimedSink())
-            loop.submit(GenerationRequest(prompt=f"Tell me a long story about river {i}.", max_tokens=1000, stream=True,
+            loop.submit(GenerationRequest(prompt=f"Tell me a long story about river {i}.", max_new_tokens=1000, stream=True,
                                           penalties=Penalties(min_length=1000)), sinks[-1])
         while min(len(s.times) for s in sinks) < 16:
             time.sleep(0.01)
         long, t_submit = TimedSink(), time.perf_counter()
-        loop.submit(GenerationRequest(prompt=prompt, max_tokens=4, exclude_input_in_output=True), long)
+        loop.submit(GenerationRequest(prompt=prompt, max_new_tokens=4, exclude_input_in_output=True), long)
         while not long.done:
             time.sleep(0.01)
         t_first = long.times[0]  # not streaming: its one response is its first (and last) token

@@ -120,7 +120,7 @@ def run_once(engine, tok, drafters, prompt, chat, policy, max_tokens, **params):
     # Fresh model-free drafters per run: the suffix store would remember earlier runs of this prompt.
     drafters = {n: d if d.is_model else make_drafter(n) for n, d in drafters.items()}
     loop = make_loop(engine, tok, policy, max_batch=1, drafters=drafters, **params)
-    req = GenerationRequest(prompt=prompt, max_tokens=max_tokens, apply_chat_template=chat,
+    req = GenerationRequest(prompt=prompt, max_new_tokens=max_tokens, apply_chat_template=chat,
                             exclude_input_in_output=True)
     t = time.perf_counter()
     sink = run_all(loop, [req])[0]
@@ -169,7 +169,7 @@ def tight_budget(engine, tok, drafters, name: str, requests: int, max_tokens: in
         elif not d.resident and not parked:
             d.start_reload().wait()
         loop = make_loop(engine, tok, "off", max_batch=engine.max_slots, drafters={name: d}, kv_budget_bytes=budget)
-        reqs = [GenerationRequest(prompt=p, max_tokens=max_tokens, apply_chat_template=True,
+        reqs = [GenerationRequest(prompt=p, max_new_tokens=max_tokens, apply_chat_template=True,
                                   exclude_input_in_output=True)
                 for p in (list(PROSE_PROMPTS.values()) * requests)[:requests]]
         t = time.perf_counter()

@@ -40,7 +40,7 @@ def label(policy: str, forced_rows: bool) -> str:
 def make_requests(n: int, max_tokens: int) -> list:
     from backend.generation.guided import Guide
     from backend.generation.request import GenerationRequest
-    return [GenerationRequest(prompt=turns[0], max_tokens=max_tokens, exclude_input_in_output=True,
+    return [GenerationRequest(prompt=turns[0], max_new_tokens=max_tokens, exclude_input_in_output=True,
                               apply_chat_template=True,
                               guide=Guide("json_schema", json.dumps(SCHEMAS[key.split("/", 1)[0]])))
             for key, turns in workload(n, seed=1)]
@@ -58,9 +58,9 @@ def run(engine, tokenizer, policy: str, forced_rows: bool, batch: int, requests:
 
     cfg = ServerConfig()
     pol = (make_policy("static", drafter="grammar", gamma=6) if policy == "grammar" else make_policy("off")
-           if policy == "off" else load_policy(ServerConfig(policy=policy, policy_config=SERVED_POLICY_CONFIG), ROOT))
+           if policy == "off" else load_policy(ServerConfig(policy=SERVED_POLICY_CONFIG), ROOT))
     loop = EngineLoop(engine, tokenizer, {n: make_drafter(n) for n in cfg.drafters.split(",")}, pol,
-                      LoopConfig(max_batch=batch, limits=Limits(max_tokens=4096, max_context=engine.max_context)))
+                      LoopConfig(max_batch=batch, limits=Limits(max_new_tokens_limit=4096, max_context=engine.max_context)))
     if not forced_rows:
         loop.guides.skip_forced = False
     t0 = time.perf_counter()

@@ -50,10 +50,9 @@ ALL_OF_SHAREGPT = 1.0  # distinct_requests' share: no model drafter served, so t
 
 def arm_env(arm: str) -> dict:
     """The SPECSERVE_* settings a server needs to serve `arm` (scripts/gpu_check.sh passes the same).
-    An empty SPECSERVE_POLICY_CONFIG clears config.pbtxt's policy file."""
-    return {"plain": {"SPECSERVE_POLICY": "off", "SPECSERVE_POLICY_CONFIG": ""},
-            "static": {"SPECSERVE_POLICY": "static", "SPECSERVE_POLICY_CONFIG": STATIC_CONFIG},
-            "composite": {"SPECSERVE_POLICY": "composite", "SPECSERVE_POLICY_CONFIG": ""}}[arm]
+    SPECSERVE_POLICY, the one policy key, takes a name or a policy file, over config.pbtxt's."""
+    return {"plain": {"SPECSERVE_POLICY": "off"}, "static": {"SPECSERVE_POLICY": STATIC_CONFIG},
+            "composite": {"SPECSERVE_POLICY": "composite"}}[arm]
 
 
 class Feed:

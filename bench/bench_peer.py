@@ -51,7 +51,7 @@ OURS, PEER = "ours", "llama-server"
 # with its defaults and with its static n-gram speculation. Ratios are ours / each other arm.
 ARMS = {
     OURS: {},
-    "ours-off": {"SPECSERVE_POLICY_CONFIG": "configs/policies/off.yaml"},
+    "ours-off": {"SPECSERVE_POLICY": "configs/policies/off.yaml"},
     PEER: [],
     "llama-server-ngram": ["--spec-type", "ngram-simple", "--spec-draft-n-max", "4"],
 }

@@ -51,7 +51,7 @@ def composite_policy(engine: str = "llama.cpp"):
     with the measured cost profile of `engine`)."""
     from backend.server_config import ServerConfig
     from backend.served_policy import load_policy
-    return load_policy(ServerConfig(policy_config="configs/policies/composite.yaml", engine=engine), ROOT)
+    return load_policy(ServerConfig(policy="configs/policies/composite.yaml", engine=engine), ROOT)
 
 
 def bench_prompts():
@@ -87,7 +87,7 @@ def part_a(max_tokens: int, repeats: int, engine_kind: str = "llama.cpp") -> lis
                                  **({"drafter": "ngram", **params} if params else {}))
                 if policy == "composite":
                     loop.policy = composite_policy(engine_kind)
-                req = GenerationRequest(prompt=prompt, max_tokens=max_tokens, apply_chat_template=True,
+                req = GenerationRequest(prompt=prompt, max_new_tokens=max_tokens, apply_chat_template=True,
                                         exclude_input_in_output=True)
                 t0 = time.perf_counter()
                 sink = run_all(loop, [req])[0]
@@ -292,16 +292,16 @@ def part_b(max_tokens: int, concurrencies, window: float, model_drafters: bool =
     rows = []
     for rnd, (policy, params) in ((r, a) for r in range(rounds) for a in arms):
         label = arm_label(policy, params)
-        # An empty SPECSERVE_POLICY_CONFIG clears config.pbtxt's default policy file.
-        env = {"SPECSERVE_POLICY": policy, "SPECSERVE_POLICY_CONFIG": "", "SPECSERVE_MAX_BATCH": str(max(concurrencies))}
+        # SPECSERVE_POLICY, a name or a policy file, replaces config.pbtxt's
+        env = {"SPECSERVE_POLICY": policy, "SPECSERVE_MAX_BATCH": str(max(concurrencies))}
         if "drafters" in params:
             env["SPECSERVE_DRAFTERS"] = params["drafters"]
         if policy == "static":
             cfg = RESULTS / f"policy_{policy}_{params['gamma']}.yaml"
             cfg.write_text(f"policy: static\nparams:\n  drafter: ngram\n  gamma: {params['gamma']}\n")
-            env["SPECSERVE_POLICY_CONFIG"] = str(cfg)
+            env["SPECSERVE_POLICY"] = str(cfg)
         elif policy == "composite":
-            env["SPECSERVE_POLICY_CONFIG"] = str(ROOT / "configs" / "policies" / "composite.yaml")
+            env["SPECSERVE_POLICY"] = str(ROOT / "configs" / "policies" / "composite.yaml")
         for conc in concurrencies:
             log(f"  starting Triton with policy {label}")
             with open(RESULTS / "server.log", "a") as server_log:

@@ -37,13 +37,13 @@ def main(argv=None) -> None:
                 row = played[(s.drafter, s.gamma)]
                 row[0], row[1], row[2], row[3] = row[0] + 1, row[1] + s.gamma, row[2] + s.accepted, row[3] + s.emitted
 
-        cfg = ServerConfig(policy="composite", policy_config="configs/policies/composite.yaml", drafters=drafters,
+        cfg = ServerConfig(policy="configs/policies/composite.yaml", drafters=drafters,
                            max_batch=1, max_context=2048)
         loop = build_loop(cfg, ROOT)
         loop.add_outcome_listener(record)
         tokens, seconds = 0, 0.0
         for prompt in requests:
-            req = GenerationRequest(prompt=prompt, max_tokens=64, apply_chat_template=True, exclude_input_in_output=True)
+            req = GenerationRequest(prompt=prompt, max_new_tokens=64, apply_chat_template=True, exclude_input_in_output=True)
             t0 = time.perf_counter()
             sink = run_all(loop, [req])[0]
             seconds += time.perf_counter() - t0

@@ -24,7 +24,10 @@ import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, Optional, Sequence
+
+from backend.drafters.artifacts import find_artifact, model_drafter
+from backend.served import from_repository, served_needs
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache"
@@ -33,7 +36,6 @@ DRAFTER_DIR = CACHE / "drafters"
 PROFILE_DIR = CACHE / "profiles"
 LOADTOOLS = CACHE / "loadtools" / "bin"
 MODEL_DRAFTERS = ("chat", "code", "chat-feature")  # what scripts/setup.sh --drafters builds
-DOMAINS = ("code", "chat")  # distill_drafter's (drafter_data.DOMAINS; not imported: it imports torch)
 
 
 def log(msg: str) -> None:
@@ -48,18 +50,6 @@ def profile_budget_s() -> float:
 def drafter_preset() -> str:
     """quick (a few minutes: what the tests need) unless SPECSERVE_DRAFTER_PRESET says full."""
     return os.environ.get("SPECSERVE_DRAFTER_PRESET") or "quick"
-
-
-def model_drafter(name: str) -> Optional[Tuple[str, str]]:
-    """(domain, kind) of a model drafter's name ("chat", "code-feature"); None for any other name.
-
-    >>> model_drafter("chat"), model_drafter("chat-feature"), model_drafter("ngram")
-    (('chat', 'token'), ('chat', 'feature'), None)
-    """
-    domain, _, kind = name.partition("-")
-    if domain in DOMAINS and kind in ("", "feature"):
-        return domain, kind or "token"
-    return None
 
 
 @contextmanager
@@ -78,7 +68,6 @@ def build_lock(directory: Path, what: str):
 def ensure_drafter(name: str, drafter_dir: Path = DRAFTER_DIR, checkpoint: Path = CHECKPOINT,
                    preset: Optional[str] = None) -> Path:
     """The built model drafter `name`, distilled now (seeded, on this CPU) if none is built."""
-    from backend.drafters.artifacts import find_artifact
     found = find_artifact(drafter_dir, name)
     if found is not None:
         return found
@@ -135,22 +124,6 @@ def llama_server() -> Path:
     return Path(out.strip().splitlines()[-1])
 
 
-def served_needs(cfg, root: Path) -> Tuple[List[str], List[Tuple[str, Path]]]:
-    """What the served config names that is not built: (model drafters, [(engine, profile)])."""
-    from backend.drafters.artifacts import find_artifact
-    from backend.served_policy import policy_params
-    drafter_dir = cfg.resolve(cfg.drafter_dir, root)
-    drafters = [n for n in (x.strip() for x in cfg.drafters.split(",")) if n and model_drafter(n)
-                and find_artifact(drafter_dir, n) is None]
-    profiles = []
-    if cfg.engine in ("llama.cpp", "torch"):  # trtllm's is measured inside its container
-        _, _, missing = policy_params(cfg, root)
-        # profile_costs writes <profile>.json and its <profile>.switch.json together
-        main = {p.with_name(p.name.replace(".switch.json", ".json")) for p in missing.values()}
-        profiles = [(cfg.engine, path) for path in sorted(main)]
-    return drafters, profiles
-
-
 def ensure_served(cfg, root: Path) -> None:
     """Build what the served config names and set-up left out: its model drafters, then its
     engine's profile (after the drafters: the profile measures the drafter it will serve)."""
@@ -164,18 +137,6 @@ def ensure_served(cfg, root: Path) -> None:
         model = path.name.split(f"-{engine}")[0]
         log(f"measuring the {engine} engine's step-time profile for the policy ({path.name}; the first time only)")
         ensure_profile(engine, ckpt, path.parent, drafter_dir, model, engine_args=engine_args(cfg, root))
-
-
-def served_config(model_repository: Path = ROOT / "model_repository", env=None):
-    """The ServerConfig the `llm` model will load: its config.pbtxt parameters, SPECSERVE_* over them."""
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
-    from backend.server_config import ServerConfig
-    config = text_format.Parse((model_repository / "llm" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
-    params = {k: v.string_value for k, v in config.parameters.items()}  # Triton's own reading of the file
-    params.pop("project_root", None)
-    return ServerConfig.load(params, os.environ if env is None else env)
 
 
 def main(argv: Optional[Iterable[str]] = None) -> int:
@@ -202,7 +163,7 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     elif a.what == "llama-server":
         log(f"llama-server: {llama_server()}")
     else:
-        ensure_served(served_config(a.model_repository), ROOT)
+        ensure_served(from_repository(a.model_repository), ROOT)
     return 0
 
 

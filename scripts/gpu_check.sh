@@ -88,9 +88,9 @@ done
 # (tests/scripts/test_gpu_check.py checks the two agree). composite with no policy file is the image's default.
 arm_env() {
   case "$1" in
-    plain) echo "SPECSERVE_POLICY=off SPECSERVE_POLICY_CONFIG=" ;;
-    static) echo "SPECSERVE_POLICY=static SPECSERVE_POLICY_CONFIG=configs/policies/static.yaml" ;;
-    composite) echo "SPECSERVE_POLICY=composite SPECSERVE_POLICY_CONFIG=" ;;
+    plain) echo "SPECSERVE_POLICY=off" ;;
+    static) echo "SPECSERVE_POLICY=configs/policies/static.yaml" ;;
+    composite) echo "SPECSERVE_POLICY=composite" ;;
     *) return 1 ;;
   esac
 }

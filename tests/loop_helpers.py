@@ -6,7 +6,7 @@ from backend.generation.request import GenerationRequest
 
 
 def greedy(prompt, max_tokens=32, **kw):
-    return GenerationRequest(prompt=prompt, max_tokens=max_tokens, exclude_input_in_output=True, **kw)
+    return GenerationRequest(prompt=prompt, max_new_tokens=max_tokens, exclude_input_in_output=True, **kw)
 
 
 def served_policy(name: str, **config):
@@ -15,4 +15,4 @@ def served_policy(name: str, **config):
     from backend.server_config import ServerConfig
     from backend.served_policy import load_policy
     root = Path(__file__).resolve().parents[1]
-    return load_policy(ServerConfig(policy=name, policy_config=f"configs/policies/{name}.yaml", **config), root)
+    return load_policy(ServerConfig(policy=f"configs/policies/{name}.yaml", **config), root)

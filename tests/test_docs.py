@@ -153,12 +153,13 @@ def test_only_the_triton_adapters_import_triton_python_backend_utils():
     assert "the only modules importing `triton_python_backend_utils`" in ARCHITECTURE
     assert imported_only_by("triton_python_backend_utils", ["backend", "build_engines", "policy", "bench",
                                                            "model_repository"]) == {
-        "backend/frontend/triton_adapter.py", "backend/frontend/triton_forward.py", "backend/frontend/triton_tokens.py"}
+        "backend/frontend/triton_models/model.py", "backend/frontend/triton_models/responses.py", "backend/frontend/triton_models/sink.py",
+        "backend/frontend/triton_models/forward.py", "backend/frontend/triton_models/tokens.py"}
 
 
 def test_what_the_launcher_checks_a_config_with_imports_no_torch():
-    assert "(`served_policy.py`, torch-free like `manifest.py` and `drafters/artifacts.py`" in ARCHITECTURE
-    code = ("import sys, backend.served_policy, backend.manifest, backend.drafters.artifacts; "
+    assert "(`served_policy.py`, torch-free like `served.py`, `manifest.py` and `drafters/artifacts.py`" in ARCHITECTURE
+    code = ("import sys, backend.served, backend.frontend.launcher; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

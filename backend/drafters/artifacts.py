@@ -3,7 +3,9 @@ launcher checks a served config's drafters before it starts anything."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Tuple
+
+DOMAINS = ("code", "chat")  # build_engines/drafter_data.DOMAINS (not imported: it imports torch)
 
 
 def not_built(name: str, drafter_dir, registered: Iterable[str]) -> ValueError:
@@ -19,4 +21,16 @@ def find_artifact(root: Path, name: str) -> Optional[Path]:
     for cand in (root / f"{name}-drafter", root / f"{name}-drafter-quick"):
         if (cand / "config.json").exists():
             return cand
+    return None
+
+
+def model_drafter(name: str) -> Optional[Tuple[str, str]]:
+    """(domain, kind) of a model drafter's name ("chat", "code-feature"); None for any other name.
+
+    >>> model_drafter("chat"), model_drafter("chat-feature"), model_drafter("ngram")
+    (('chat', 'token'), ('chat', 'feature'), None)
+    """
+    domain, _, kind = name.partition("-")
+    if domain in DOMAINS and kind in ("", "feature"):
+        return domain, kind or "token"
     return None

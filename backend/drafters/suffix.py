@@ -148,10 +148,10 @@ class SuffixStore:
     Pass one store to several drafters (e.g. one per engine loop) to share it.
     """
 
-    def __init__(self, max_tokens: int = 65536, min_n: int = 2, anchor: int = 4, max_candidates: int = 32):
-        if max_tokens < 1:
-            raise ValueError(f"suffix: max_store_tokens must be >= 1, got {max_tokens}")
-        self.max_tokens = max_tokens
+    def __init__(self, max_store_tokens: int = 65536, min_n: int = 2, anchor: int = 4, max_candidates: int = 32):
+        if max_store_tokens < 1:
+            raise ValueError(f"suffix: max_store_tokens must be >= 1, got {max_store_tokens}")
+        self.max_store_tokens = max_store_tokens
         self._index = _Index(min_n, anchor, max_candidates)
         self._docs: List[int] = []  # end position of each stored output, oldest first
         self._head = 0  # self._docs[self._head:] are live
@@ -166,12 +166,12 @@ class SuffixStore:
         return len(self._docs) - self._head
 
     def add(self, tokens: Sequence[int]) -> None:
-        tokens = list(tokens[-self.max_tokens:])
+        tokens = list(tokens[-self.max_store_tokens:])
         if not tokens:
             return
         with self._lock:
             idx = self._index
-            while self._tokens + len(tokens) > self.max_tokens:
+            while self._tokens + len(tokens) > self.max_store_tokens:
                 end = self._docs[self._head]
                 self._tokens -= end - idx.start
                 idx.evict_doc(end)

@@ -51,8 +51,9 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, Uni
 from .body_format import OPENAI_TYPES, TRITON_TYPES, check_media_type
 from .http_body import EdgeError, close_after, parse_json, read_body
 from .metrics import EdgeRefusals
-from ..wire import (ADMIN_HEADER, INTERNAL_HEADER, REQUEST_ID, REQUEST_ID_HEADER, REQUEST_ID_NAMES, ErrorKind,
-                    error_kind)
+from ..server_config import ServerConfig
+from ..wire import (ADMIN_HEADER, INTERNAL_HEADER, REQUEST_ID, REQUEST_ID_HEADER, REQUEST_ID_NAMES, STREAM_BROKEN,
+                    ErrorKind, error_kind)
 
 log = logging.getLogger("specserve.edge")
 
@@ -65,8 +66,6 @@ READ_TIMEOUT_S = 30.0  # a client's time to send its headers, and again its body
 # reach it (its memory per connection stays under 128 headers of that size).
 MAX_HEADER_BYTES = 32 << 10
 HEADER_PARSE_LIMIT = 128 << 10
-STREAM_BROKEN = ErrorKind.INTERNAL.message("the inference server stopped while running this request "
-                                           "(it is being restarted); retry")
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
               "transfer-encoding", "upgrade", "content-length", "host", "expect"}
 GENERATE = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?/generate(?:_stream)?$")
@@ -82,7 +81,7 @@ INFER_HEADER = "Inference-Header-Content-Length"
 # The edge's own id of a request the model computes (backend/wire.py). Triton 2.51 forwards headers
 # (--http-header-forward-pattern, backend/frontend/launcher.py) as request parameters on /infer only, not on
 # /generate: there the id goes into the body's "parameters". llm_unary passes it on to llm
-# (backend/frontend/triton_forward.py), whose response sender watches for its cancel mark (backend/frontend/triton_adapter.py).
+# (backend/frontend/triton_models/forward.py), whose response sender watches for its cancel mark (backend/frontend/triton_models/model.py).
 
 _INT_RANGES = {f"TYPE_INT{b}": (-(1 << (b - 1)), (1 << (b - 1)) - 1) for b in (8, 16, 32, 64)}
 _INT_RANGES.update({f"TYPE_UINT{b}": (0, (1 << b) - 1) for b in (8, 16, 32, 64)})
@@ -212,7 +211,7 @@ def refusal(request: web.Request, status: int, message: str, code: Optional[str]
     """An error in the shape of the interface the request was for: OpenAI's on /v1, Triton's
     ({"error": message}, an event on /generate_stream) on the rest."""
     if is_openai(request.path):
-        from .openai_api import ApiError, error_response as openai_error
+        from .openai.errors import ApiError, error_response as openai_error
         return openai_error(ApiError(status, message, code=code))
     return error_response(status, message, request.path.endswith("/generate_stream"))
 
@@ -249,7 +248,8 @@ class Edge:
                  grpc_upstream: Optional[str] = None, draining: Optional[asyncio.Event] = None,
                  admin_key: Optional[str] = None, upstream_admin_key: Optional[str] = None,
                  internal_key: Optional[str] = None, cancel_dir: Optional[str] = None,
-                 refusals_file: Optional[str] = None, read_timeout_s: float = READ_TIMEOUT_S):
+                 refusals_file: Optional[str] = None, read_timeout_s: float = READ_TIMEOUT_S,
+                 served: Optional[ServerConfig] = None):
         # Triton's HTTP: "unix:<socket path>" (what the launcher gives) or a base URL
         self.upstream_socket = upstream[len("unix:"):] if upstream.startswith("unix:") else None
         self.upstream = "http://triton" if self.upstream_socket else upstream.rstrip("/")
@@ -266,6 +266,7 @@ class Edge:
         self.internal = {INTERNAL_HEADER: internal_key} if internal_key else {}
         self.read_timeout_s = read_timeout_s
         self.grpc_upstream = grpc_upstream  # Triton's gRPC, e.g. 127.0.0.1:8001: serves the OpenAI API
+        self.served = served  # what the launcher resolved (backend/served.py): the OpenAI API reads it
         self.max_body_bytes, self.max_depth = max_body_bytes, max_depth
         self.marks = CancelMarks(cancel_dir) if cancel_dir else None  # None: requests are not tagged
         self.session: Optional[ClientSession] = None
@@ -274,9 +275,9 @@ class Edge:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes + 1,  # the handler reads; this is a backstop
                               middlewares=[self._limit_headers, self._refuse_while_draining])
-        if self.grpc_upstream:  # /v1/...: backend/frontend/openai_api.py, before the catch-all
-            from .openai_api import OpenAIApi
-            OpenAIApi(self, self.grpc_upstream).mount(app)
+        if self.grpc_upstream:  # /v1/...: backend/frontend/openai/, before the catch-all
+            from .openai.routes import OpenAIApi
+            OpenAIApi(self, self.grpc_upstream, self.served).mount(app)
         app.router.add_route("*", "/{tail:.*}", self.handle)
         app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)

@@ -57,6 +57,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..served import SERVED_ENV, from_repository, served_needs, write
+from ..server_config import ServerConfig, unknown_env
 from ..wire import ADMIN_HEADER, INTERNAL_HEADER, REQUEST_ID_HEADER
 from .triton_watch import StartDeadlines, Stub, TritonWatch
 
@@ -424,7 +426,7 @@ class Supervisor:
     """Runs Triton (`cmd`) behind the HTTP edge; restarts Triton when it dies (bounded, with
     backoff); on SIGTERM / SIGINT drains and stops both (module docstring)."""
 
-    def __init__(self, cmd: list, ports: Ports, max_body_bytes: int, max_depth: int, admin_key: str | None = None,
+    def __init__(self, cmd: list, served: ServerConfig, ports: Ports, max_body_bytes: int, max_depth: int, admin_key: str | None = None,
                  bind: str = "127.0.0.1", drain_s: float = DRAIN_S, max_restarts: int = MAX_RESTARTS,
                  restart_window_s: float = RESTART_WINDOW_S, read_timeout_s: float | None = None,
                  start_timeout_s: float | None = None):
@@ -442,7 +444,9 @@ class Supervisor:
         self.cancel_dir = self.workdir / "cancelled"
         self.cancel_dir.mkdir()
         self.refusals_file = self.workdir / "edge_refusals.json"  # the edge's counts, read by the model's metrics
-        self.env = server_env({"SPECSERVE_DRAIN_FILE": str(self.drain_file),
+        self.served = served  # what every model, the edge and the OpenAI API serve (backend/served.py)
+        self.env = server_env({SERVED_ENV: str(write(served, self.workdir / "served.json")),
+                               "SPECSERVE_DRAIN_FILE": str(self.drain_file),
                                "SPECSERVE_CANCEL_DIR": str(self.cancel_dir),
                                "SPECSERVE_EDGE_REFUSALS": str(self.refusals_file)})
         self.env.pop("SPECSERVE_ADMIN_KEY", None)  # Triton needs none of it
@@ -552,7 +556,7 @@ class Supervisor:
             self.bind, self.ports.http, f"unix:{self.http_socket}", edge_stop,
             shutdown_timeout=EXIT_TIMEOUT_S + 2, grpc_upstream=f"127.0.0.1:{self.ports.grpc}", draining=draining,
             admin_key=self.admin_key, upstream_admin_key=self.keys.admin, internal_key=self.keys.internal,
-            cancel_dir=str(self.cancel_dir), refusals_file=str(self.refusals_file),
+            cancel_dir=str(self.cancel_dir), refusals_file=str(self.refusals_file), served=self.served,
             **self.limits))
         failed = False
         while True:
@@ -627,20 +631,15 @@ class Supervisor:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def build_what_is_served(model_repository: Path) -> None:
+def build_what_is_served(served: ServerConfig, model_repository: Path) -> None:
     """Before Triton starts: build what the served config names and set-up left out (model
     drafters, the served engine's profile), with progress (build_engines/on_demand.py), in a
     process of its own (this one stays free of torch). SPECSERVE_BUILD_ON_DEMAND=0 skips it; the
     model then refuses a drafter that is not built with an error naming the command that builds
-    it. A config this cannot read is left for the model to refuse, with its own error."""
+    it."""
     if os.environ.get("SPECSERVE_BUILD_ON_DEMAND", "1") == "0":
         return
-    from build_engines.on_demand import served_config, served_needs
-    try:
-        drafters, profiles = served_needs(served_config(model_repository), ROOT)
-    except Exception as e:  # noqa: BLE001 - the model reports a bad config itself
-        print(f"not building anything on demand: {e}", flush=True)
-        return
+    drafters, profiles = served_needs(served, ROOT)
     if drafters or profiles:
         print(f"the served config names what is not built yet ({', '.join(drafters + [p.name for _, p in profiles])}): "
               "building it before serving", flush=True)
@@ -670,10 +669,15 @@ def main(argv=None) -> int:
                     help="seconds a starting Triton has to become ready before it is restarted (0: 4x the slowest "
                          "load measured, at least 60 s; 600 s for the first)")
     args = ap.parse_args(argv)
-    from ..server_config import unknown_env
     for message in unknown_env():  # a misspelt setting would otherwise be silently ignored
         print(message, flush=True)
-    build_what_is_served(args.model_repository)
+    try:  # the one reading of the served configuration: Triton's models, the edge and the OpenAI API get it
+        served = from_repository(args.model_repository)
+    except Exception as e:  # noqa: BLE001 - unreadable or wrong: refused before anything starts, not when Triton loads it
+        print(f"the served configuration ({args.model_repository / 'llm' / 'config.pbtxt'} and SPECSERVE_*) "
+              f"cannot be served: {e}", file=sys.stderr, flush=True)
+        return 2
+    build_what_is_served(served, args.model_repository)
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
     if stop_orphan_servers(ports):
         print("stopped a tritonserver a killed launcher left on these ports", flush=True)
@@ -683,7 +687,7 @@ def main(argv=None) -> int:
           f"model 'llm' (also 'ensemble', 'tensorrt_llm_bls'; unary 'llm_unary'; token-level 'tensorrt_llm'); OpenAI API at "
           f"http://127.0.0.1:{ports.http}/v1. Try:\n  curl -s -X POST 127.0.0.1:{ports.http}/v2/models/llm/generate "
           "-d '{\"text_input\": \"The capital of France is\", \"max_tokens\": 16}'", flush=True)
-    return Supervisor(server_command(args.model_repository, ports, bind=args.bind_address),
+    return Supervisor(server_command(args.model_repository, ports, bind=args.bind_address), served,
                       ports, args.max_body_bytes, args.max_json_depth, admin_key=os.environ.get("SPECSERVE_ADMIN_KEY"),
                       bind=args.bind_address, read_timeout_s=args.http_read_timeout,
                       start_timeout_s=args.start_timeout)()

@@ -40,7 +40,7 @@ log = logging.getLogger("specserve")
 TOKEN_LEN_BUCKETS = [10.0, 50.0, 100.0, 500.0, 1000.0]
 # Seconds, for time to first response and request duration (CPU steps are tens of ms).
 LATENCY_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]
-# pb_utils.TritonError code names (as backend/frontend/triton_adapter.py sends them) -> reason label.
+# pb_utils.TritonError code names (as backend/frontend/triton_models/model.py sends them) -> reason label.
 REJECT_REASONS = {"INVALID_ARG": "invalid", "UNAVAILABLE": "unavailable", "INTERNAL": "internal"}
 # HTTP status -> reason label of an edge refusal that carries no more precise code.
 EDGE_REASONS = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 408: "timeout",

@@ -32,14 +32,16 @@ class ShuttingDown(Overloaded):
 
 @dataclass(frozen=True)
 class Limits:
-    max_tokens: int = 1024  # largest max_tokens a request may ask for
+    max_new_tokens_limit: int = 1024  # the server's: the largest max_new_tokens a request may ask for (max_tokens_limit)
     max_context: int = 2048  # prompt + output tokens per sequence
 
 
 @dataclass
 class GenerationRequest:
     prompt: str
-    max_tokens: int = 16
+    # tokens to generate at most: the wire's max_tokens, defaulted once, where the request enters
+    # (ServerConfig.max_new_tokens); no default here, so nothing can generate a silent third length
+    max_new_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     seed: Optional[int] = None
     stop_words: Sequence[str] = ()
@@ -71,10 +73,10 @@ def validate(req: GenerationRequest, limits: Limits) -> GenerationRequest:
     if len(req.prompt) > MAX_CHARS_PER_TOKEN * limits.max_context:  # tokenizing it would cost seconds
         raise RequestError(f"text_input has {len(req.prompt)} characters; it cannot fit the context window of "
                            f"{limits.max_context} tokens")
-    if not isinstance(req.max_tokens, int) or req.max_tokens <= 0:
-        raise RequestError(f"max_tokens must be a positive integer, got {req.max_tokens}")
-    if req.max_tokens > limits.max_tokens:
-        raise RequestError(f"max_tokens {req.max_tokens} exceeds this server's limit of {limits.max_tokens}")
+    if not isinstance(req.max_new_tokens, int) or req.max_new_tokens <= 0:
+        raise RequestError(f"max_tokens must be a positive integer, got {req.max_new_tokens}")
+    if req.max_new_tokens > limits.max_new_tokens_limit:
+        raise RequestError(f"max_tokens {req.max_new_tokens} exceeds this server's limit of {limits.max_new_tokens_limit}")
     s = req.sampling
     if not math.isfinite(s.temperature):
         raise RequestError(f"temperature must be a finite number >= 0, got {s.temperature}")
@@ -96,7 +98,7 @@ def validate(req: GenerationRequest, limits: Limits) -> GenerationRequest:
     if k and not req.return_log_probs:
         raise RequestError("return_top_log_probs needs return_log_probs=true (the alternatives come with the "
                            "generated tokens' own log probs)")
-    problem = req.penalties.problems(req.max_tokens) or (req.guide.problem() if req.guide is not None else None)
+    problem = req.penalties.problems(req.max_new_tokens) or (req.guide.problem() if req.guide is not None else None)
     if problem:
         raise RequestError(problem)
     return req
@@ -160,7 +162,7 @@ def chat_prefix(tokenizer) -> list:
     example): the common start of two user turns' prompt_ids; [] without a chat template."""
     if not getattr(tokenizer, "chat_template", None):
         return []
-    a, b = (prompt_ids(tokenizer, GenerationRequest(prompt=text, apply_chat_template=True)) for text in ("a", "Zq"))
+    a, b = (prompt_ids(tokenizer, GenerationRequest(prompt=text, max_new_tokens=1, apply_chat_template=True)) for text in ("a", "Zq"))
     n = 0
     while n < min(len(a), len(b)) - 1 and a[n] == b[n]:
         n += 1

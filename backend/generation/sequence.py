@@ -135,7 +135,7 @@ class Sequence:
                 if at is not None:
                     self.stop_at, self.finish_reason = at, "stop"
                     break
-            if self.generated >= req.max_tokens or len(self.tokens) >= max_context:
+            if self.generated >= req.max_new_tokens or len(self.tokens) >= max_context:
                 self.finish_reason = "length"
                 break
         if self.finished and self.stop_at is None:

@@ -39,7 +39,7 @@ class LoopConfig:
     def from_server(cls, cfg: ServerConfig) -> "LoopConfig":
         """The loop a ServerConfig serves. Nothing in the server reads an in-memory trace
         (trace_file writes one out; at 64 streams 10,000 outcomes held ~100 MiB after 10 minutes)."""
-        return cls(max_batch=cfg.max_batch, limits=Limits(max_tokens=cfg.max_tokens_limit, max_context=cfg.max_context),
+        return cls(max_batch=cfg.max_batch, limits=Limits(max_new_tokens_limit=cfg.max_tokens_limit, max_context=cfg.max_context),
                    tpot_slo_s=cfg.tpot_slo_ms / 1000 if cfg.tpot_slo_ms > 0 else None,
                    kv_budget_bytes=cfg.kv_budget_mb * 2**20 if cfg.kv_budget_mb > 0 else None,
                    max_queue=cfg.max_queue or 4 * cfg.max_batch, prefill_chunk=cfg.prefill_chunk,

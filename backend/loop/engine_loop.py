@@ -305,9 +305,9 @@ class EngineLoop:
     def _active(self, seq: Sequence) -> Active:
         """A running sequence as the speculator sees it."""
         sampling, limits = seq.request.sampling, self.cfg.limits
-        room = min(seq.request.max_tokens - seq.generated, limits.max_context - seq.kv_len) - 1
+        room = min(seq.request.max_new_tokens - seq.generated, limits.max_context - seq.kv_len) - 1
         return Active(seq_id=seq.seq_id, tokens=seq.tokens, context_len=seq.kv_len, generated=seq.generated,
-                      max_new_tokens=seq.request.max_tokens,
+                      max_new_tokens=seq.request.max_new_tokens,
                       temperature=0.0 if sampling.greedy else sampling.temperature,
                       generator=seq.generator, room=room)
 

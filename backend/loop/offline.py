@@ -40,7 +40,7 @@ def make_loop(engine, tokenizer, policy: str = "off", max_batch: int | None = No
               drafters: Dict | None = None, kv_budget_bytes: int | None = None,
               prefill_chunk: int = LoopConfig.prefill_chunk, reuse_prefix: bool = LoopConfig.reuse_prefix,
               reuse_kv: bool = LoopConfig.reuse_kv, **policy_params) -> EngineLoop:
-    limits = Limits(max_tokens=4096, max_context=max_context or engine.max_context)
+    limits = Limits(max_new_tokens_limit=4096, max_context=max_context or engine.max_context)
     drafters = drafters if drafters is not None else {n: make_drafter(n) for n in ("ngram", "suffix", "grammar")}
     return EngineLoop(engine, tokenizer, drafters, make_policy(policy, **policy_params),
                       LoopConfig(max_batch=max_batch or engine.max_slots, limits=limits,

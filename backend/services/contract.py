@@ -6,7 +6,7 @@ engine of backend/engines/) and TrtllmService (backend/services/trtllm/serving.p
 TensorRT-LLM, which owns its loop). The front ends use these members and nothing else, with no
 probing for optional ones:
 
-    the Triton adapter (backend/frontend/triton_adapter.py)   submit, start, stop, limits (checks a whole
+    the Triton adapter (backend/frontend/triton_models/model.py)   submit, start, stop, limits (checks a whole
                                                       batch before any row starts); DrainWatcher:
                                                       drain, idle
     the metrics publisher (backend/frontend/metrics.py)        stats, running, queue_depth, pool,

@@ -68,4 +68,4 @@ def test_the_loops_defaults_are_the_servers():
     assert (loop.prefill_chunk, loop.reuse_prefix, loop.trace_len) == (server.prefill_chunk, server.reuse_prefix, 0)
     built = LoopConfig.from_server(ServerConfig(max_batch=4, max_queue=0, kv_budget_mb=2, tpot_slo_ms=50))
     assert built.max_batch == 4 and built.max_queue == 16 and built.kv_budget_bytes == 2 << 20
-    assert built.tpot_slo_s == 0.05 and built.limits.max_tokens == ServerConfig.max_tokens_limit
+    assert built.tpot_slo_s == 0.05 and built.limits.max_new_tokens_limit == ServerConfig.max_tokens_limit

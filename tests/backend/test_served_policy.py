@@ -21,7 +21,7 @@ def project(tmp_path):
 
 
 def cfg(**kw):
-    return ServerConfig(checkpoint="ckpt", policy_config="p.yaml", **kw)
+    return ServerConfig(checkpoint="ckpt", policy="p.yaml", **kw)
 
 
 def test_engine_names_without_building_the_engine(project):

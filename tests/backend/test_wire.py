@@ -8,7 +8,7 @@ import pytest
 
 from backend import wire
 from backend.frontend.edge import status_for_model_error
-from backend.frontend.openai_api import model_error
+from backend.frontend.openai.errors import model_error
 from backend.wire import ErrorKind, error_kind
 
 BACKEND = Path(__file__).resolve().parents[2] / "backend"

@@ -52,13 +52,13 @@ def test_the_static_arm_is_the_cpu_benchmarks_ngram_gamma_4():
     cfg = yaml.safe_load((ROOT / STATIC_CONFIG).read_text())
     assert cfg == {"policy": "static", "params": {"drafter": "ngram", "gamma": ARMS["static"][1]["gamma"]}}
     assert ARMS["static"] == ("static", {"gamma": 4}) and ARMS["plain"][0] == "off"
-    assert arm_env("composite") == {"SPECSERVE_POLICY": "composite", "SPECSERVE_POLICY_CONFIG": ""}
+    assert arm_env("composite") == {"SPECSERVE_POLICY": "composite"}
 
 
 def test_the_env_command_prints_an_arms_settings():
     out = subprocess.run([sys.executable, str(BENCH), "env", "--arm", "plain"], capture_output=True, text=True,
                          check=True).stdout
-    assert out.splitlines() == ["SPECSERVE_POLICY=off", "SPECSERVE_POLICY_CONFIG="]
+    assert out.splitlines() == ["SPECSERVE_POLICY=off"]
 
 
 def test_counter_deltas_read_drafts_and_decisions():

@@ -43,17 +43,14 @@ def test_model_drafter_names():
     assert on_demand.model_drafter("suffix") is None and on_demand.model_drafter("chat-x") is None
 
 
-def test_served_config_reads_the_repository_and_the_environment(tmp_path):
-    repo = write_repository(tmp_path / "repo", drafters="ngram,chat", max_batch="8")
-    cfg = on_demand.served_config(repo, env={"SPECSERVE_MAX_BATCH": "4"})
-    assert cfg.drafters == "ngram,chat" and cfg.max_batch == 4
-
-
 def test_the_served_model_drafters_are_built_before_serving(tmp_path, fake_build, monkeypatch):
     """The launcher's pre-flight: drafters the config names and nobody built are built, with the
     preset SPECSERVE_DRAFTER_PRESET names; registered drafters and built ones are left alone."""
     from backend.frontend import launcher
-    from backend.frontend.launcher import build_what_is_served
+    from backend.served import from_repository
+
+    def build_what_is_served(repo):
+        launcher.build_what_is_served(from_repository(repo), repo)
     # its build process, run in this one (so the fake build stands in): the same command line
     monkeypatch.setattr(launcher.subprocess, "run", lambda cmd, **kw: on_demand.main(cmd[3:]))
     drafters = tmp_path / "drafters"
@@ -101,7 +98,7 @@ def test_a_missing_profile_of_the_served_engine_is_measured(tmp_path, checkpoint
     say): measured before serving, within the budget, where the policy will read it."""
     policy = tmp_path / "policy.yaml"
     policy.write_text(f"policy: adaspec\nparams:\n  profile_path: {tmp_path}/profiles/m-{{engine}}.json\n")
-    cfg = ServerConfig(checkpoint=str(checkpoint), engine="torch", dtype="fp32", policy_config=str(policy),
+    cfg = ServerConfig(checkpoint=str(checkpoint), engine="torch", dtype="fp32", policy=str(policy),
                        drafters="ngram", drafter_dir=str(tmp_path / "drafters"))
     drafters, profiles = on_demand.served_needs(cfg, tmp_path)
     assert drafters == [] and profiles == [("torch", tmp_path / "profiles" / "m-torch-fp32.json")]
@@ -115,5 +112,6 @@ def test_a_missing_profile_of_the_served_engine_is_measured(tmp_path, checkpoint
 
 
 def test_the_domains_are_distill_drafters():
+    from backend.drafters import artifacts
     from build_engines.drafter_data import DOMAINS
-    assert set(on_demand.DOMAINS) == set(DOMAINS)
+    assert set(artifacts.DOMAINS) == set(DOMAINS)

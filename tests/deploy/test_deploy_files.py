@@ -410,8 +410,8 @@ def third_party_imports(*modules) -> set:
 
 def test_gpu_image_installs_what_the_launcher_the_edge_and_the_trtllm_model_import():
     check_image = load_check_image()
-    imported = third_party_imports("backend.frontend.launcher", "backend.frontend.edge", "backend.frontend.openai_api",
-                                   "backend.frontend.triton_adapter", "backend.services.trtllm.serving")
+    imported = third_party_imports("backend.frontend.launcher", "backend.frontend.edge", "backend.frontend.openai.routes",
+                                   "backend.frontend.triton_models.model", "backend.services.trtllm.serving")
     assert {"aiohttp", "tritonclient", "jinja2", "torch", "transformers"} <= imported
     provided = {check_image.norm(n) for n in check_image.RELIED_ON} | \
         check_image.requirement_names(DOCKER / "requirements-trtllm.txt")

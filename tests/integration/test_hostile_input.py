@@ -31,7 +31,7 @@ MAX_QUEUE = 2
 HOSTILE_ENV = dict(SPECSERVE_MAX_CONTEXT="512", SPECSERVE_MAX_TOKENS_LIMIT="256", SPECSERVE_MAX_BATCH="2", SPECSERVE_MAX_QUEUE=str(MAX_QUEUE),
                    SPECSERVE_MAX_BODY_BYTES=str(1 << 20), OMP_NUM_THREADS="1", SPECSERVE_HTTP_READ_TIMEOUT_S="4",
                    # plain decoding: the admission test's long streams must outlast its checks
-                   SPECSERVE_POLICY="off", SPECSERVE_POLICY_CONFIG="")
+                   SPECSERVE_POLICY="off")
 
 
 @pytest.fixture(scope="module")

@@ -18,11 +18,12 @@ import pytest
 
 from backend.frontend.launcher import (SHM_PREFIX, TRITON_STOP_S, Ports, Supervisor, _alive, _stubs,
                                        argv_env_library, launch_server, start_server)
+from backend.server_config import ServerConfig
 from test_server import Stream, grpc_generate
 
 DRAIN_S = 3
 ENV = dict(SPECSERVE_MAX_CONTEXT="512", SPECSERVE_MAX_TOKENS_LIMIT="256", SPECSERVE_MAX_BATCH="4",
-           OMP_NUM_THREADS="1", SPECSERVE_POLICY="off", SPECSERVE_POLICY_CONFIG="",
+           OMP_NUM_THREADS="1", SPECSERVE_POLICY="off",
            SPECSERVE_DRAIN_SECONDS=str(DRAIN_S))
 COUNT = "1, 2, 3, 4, 5, 6, 7, 8,"  # counts on for its whole budget
 
@@ -237,7 +238,7 @@ def test_restarts_never_give_up_by_default(tmp_path):
     import shutil
 
     for max_restarts, delays in [(0, [1, 2, 4, 8, 16, 30, 30, 30]), (2, [1, 2, None])]:
-        sup = Supervisor([], Ports(1, 2, 3), 1 << 20, 32, max_restarts=max_restarts)
+        sup = Supervisor([], ServerConfig(), Ports(1, 2, 3), 1 << 20, 32, max_restarts=max_restarts)
         shutil.rmtree(sup.workdir)
         assert [sup._restart_delay() for _ in delays] == delays
 
@@ -506,7 +507,7 @@ def test_triton_is_started_without_fork_handlers(tmp_path):
     counter = ctypes.c_int.in_dll(ctypes.CDLL(str(tmp_path / "atfork.so")), "prepared")
     python_hooks, watching = [], [True]
     os.register_at_fork(before=lambda: watching[0] and python_hooks.append(1))  # (cannot be unregistered)
-    sup = Supervisor(["/bin/sh", "-c", "exit 7"], Ports(1, 2, 3), 1 << 20, 32)
+    sup = Supervisor(["/bin/sh", "-c", "exit 7"], ServerConfig(), Ports(1, 2, 3), 1 << 20, 32)
     try:
         for _ in range(3):
             assert sup._start().wait(10) == 7

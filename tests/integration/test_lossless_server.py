@@ -33,7 +33,7 @@ SAMPLED = {14: 7, 15: 11}  # prompt index -> random_seed (temperature 0.8); the 
 LONG = ["Write a long essay about the history of railways in Europe.",
         "Write a detailed guide to growing tomatoes, step by step."]
 BASE = {"SPECSERVE_MAX_BATCH": "8", "SPECSERVE_MAX_CONTEXT": "512", "SPECSERVE_DRAFTERS": "ngram,suffix"}
-OFF = {"SPECSERVE_POLICY": "off", "SPECSERVE_POLICY_CONFIG": ""}
+OFF = {"SPECSERVE_POLICY": "off"}
 
 
 def payload(i: int) -> dict:
@@ -81,7 +81,7 @@ def served(name, tmp_path_factory):
     if name == "static":
         cfg = tmp_path_factory.mktemp("policy") / "static.yaml"
         cfg.write_text("policy: static\nparams:\n  drafter: ngram\n  gamma: 3\n")
-        return {"SPECSERVE_POLICY_CONFIG": str(cfg)}
+        return {"SPECSERVE_POLICY": str(cfg)}
     if name == "off":
         return dict(OFF)
     env = {}  # the default policy from config.pbtxt

@@ -12,7 +12,7 @@ def test_a_served_config_naming_what_is_not_built_builds_it_then_serves(tmp_path
                       f"  profile_path: {tmp_path}/profiles/smollm2-135m-{{engine}}.json\n"
                       f"  switch_cost_path: {tmp_path}/profiles/smollm2-135m-{{engine}}.switch.json\n")
     env = {"SPECSERVE_MAX_BATCH": "4", "SPECSERVE_MAX_CONTEXT": "512", "SPECSERVE_DRAFTERS": "ngram,suffix,chat",
-           "SPECSERVE_DRAFTER_DIR": str(tmp_path / "drafters"), "SPECSERVE_POLICY_CONFIG": str(policy),
+           "SPECSERVE_DRAFTER_DIR": str(tmp_path / "drafters"), "SPECSERVE_POLICY": str(policy),
            "SPECSERVE_DRAFTER_PRESET": "quick", "SPECSERVE_PROFILE_BUDGET_S": "10"}
     with running_server(env, tmp_path, ready_timeout_s=900) as srv:
         status, body = srv.generate({"text_input": "Name three colours.", "max_tokens": 16,

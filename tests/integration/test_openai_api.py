@@ -1,4 +1,4 @@
-"""The OpenAI-compatible API (backend/frontend/openai_api.py on the HTTP edge) against the real server,
+"""The OpenAI-compatible API (backend/frontend/openai/ on the HTTP edge) against the real server,
 with the official `openai` client and genai-perf's chat and completions endpoint types."""
 import json
 import os

@@ -63,7 +63,7 @@ def test_unary_model_forwards_to_llm_and_is_not_decoupled():
     assert cfg.backend == "python"
     assert cfg.parameters["forward_to"].string_value == "llm"
     model_py = (REPO / "llm_unary" / "1" / "model.py").read_text()
-    assert "from backend.frontend.triton_forward import TritonPythonModel" in model_py
+    assert "from backend.frontend.triton_models.forward import TritonPythonModel" in model_py
 
 
 def test_tensorrt_llm_unary_is_tensorrt_llm_answering_once():
@@ -73,7 +73,7 @@ def test_tensorrt_llm_unary_is_tensorrt_llm_answering_once():
     assert cfg.parameters["forward_to"].string_value == "tensorrt_llm"
     assert cfg.parameters["stream_input"].string_value == "streaming"
     model_py = (REPO / "tensorrt_llm_unary" / "1" / "model.py").read_text()
-    assert "from backend.frontend.triton_forward import TritonPythonModel" in model_py
+    assert "from backend.frontend.triton_models.forward import TritonPythonModel" in model_py
 
 
 # NVIDIA's token-level models (all_models/inflight_batcher_llm/*/config.pbtxt): name, dtype, dims
@@ -121,11 +121,11 @@ def test_token_models_keep_nvidias_interface(name, inputs, outputs):
     assert {n: declared.get(n) for n in outputs} == outputs
     assert cfg.model_transaction_policy.decoupled == (name == "tensorrt_llm")
     model_py = (REPO / name / "1" / "model.py").read_text()
-    assert "from backend.frontend.triton_tokens import" in model_py
+    assert "from backend.frontend.triton_models.tokens import" in model_py
 
 
 def test_tensorrt_llm_forwards_to_llm_what_llm_declares(llm):
-    from backend.frontend.token_models import RENAMED, SAME
+    from backend.frontend.triton_models.token_models import RENAMED, SAME
 
     cfg = load("tensorrt_llm")
     assert cfg.parameters["forward_to"].string_value == "llm"
@@ -154,6 +154,6 @@ def test_the_served_drafters_include_every_model_free_one_the_policy_lists(llm):
 
     from backend.drafters import DRAFTERS
     served = llm.parameters["drafters"].string_value.split(",")
-    policy = yaml.safe_load((REPO.parent / llm.parameters["policy_config"].string_value).read_text())
+    policy = yaml.safe_load((REPO.parent / llm.parameters["policy"].string_value).read_text())
     listed = [d for d in policy["params"]["drafters"] if d in DRAFTERS and not DRAFTERS[d].is_model]
     assert "grammar" in listed and set(listed) <= set(served), (listed, served)

@@ -194,7 +194,7 @@ def project(tmp_path):
 
 
 def test_trtllm_without_its_own_profile_plans_with_the_default_curve(project, caplog):
-    cfg = ServerConfig(checkpoint="ckpt", policy_config="p.yaml", engine="trtllm")
+    cfg = ServerConfig(checkpoint="ckpt", policy="p.yaml", engine="trtllm")
     with caplog.at_level(logging.INFO, logger="specserve"):
         pol = load_policy(cfg, project)
     assert pol.times.profile == StepTimeProfile.load(str(TRTLLM_DEFAULTS["profile_path"]))
@@ -210,7 +210,7 @@ def test_trtllm_without_its_own_profile_plans_with_the_default_curve(project, ca
 
 
 def test_other_engines_still_drop_a_missing_profile(project):
-    pol = load_policy(ServerConfig(checkpoint="ckpt", policy_config="p.yaml", engine="torch"), project)
+    pol = load_policy(ServerConfig(checkpoint="ckpt", policy="p.yaml", engine="torch"), project)
     assert pol.times.profile == StepTimeProfile.default()
 
 

@@ -187,7 +187,7 @@ def test_options_come_from_the_environment_too(fake):
     assert value_after(build, "-t") == "mine"
     assert value_after(build, "--build-arg") == "TRITON_TRTLLM_IMAGE=nvcr.io/nvidia/tritonserver:26.06-trtllm-python-py3"
     serve, = [c for c in docker if step(c) == "serve"]
-    assert value_after(serve, "--gpus") == "device=1" and serve[-1] == "mine" and env_of(serve)["SPECSERVE_POLICY"] == "static"
+    assert value_after(serve, "--gpus") == "device=1" and serve[-1] == "mine" and env_of(serve)["SPECSERVE_POLICY"] == "configs/policies/static.yaml"
 
 
 def test_failing_tests_do_not_stop_the_benchmark_but_fail_the_run(fake):

@@ -69,13 +69,14 @@ def default_settings(cfg: ServerConfig, checkpoint: Path, *,
                      free_gpu_memory_fraction: float = DEFAULT_FREE_GPU_MEMORY_FRACTION,
                      enable_block_reuse: bool = True) -> dict:
     """The LLM arguments our config implies. The KV cache holds what ours would (TensorRT-LLM takes
-    the smaller of max_tokens and the memory fraction); iteration statistics are on."""
+    the smaller of kv_cache_config's max_tokens, TensorRT-LLM's name for our kv_cache_tokens, and
+    the memory fraction); iteration statistics are on."""
     return {**REQUIRED, **GUIDED,
             "max_batch_size": cfg.max_batch, "max_seq_len": cfg.max_context,
             "tensor_parallel_size": cfg.tensor_parallel_size, "enable_iter_perf_stats": True,
             "kv_cache_config": {"free_gpu_memory_fraction": free_gpu_memory_fraction,
                                 "enable_block_reuse": enable_block_reuse,
-                                "max_tokens": kv_cache_tokens(cfg, checkpoint)}}
+                                "max_tokens": kv_cache_tokens(cfg, checkpoint)}}  # the KV size, not a length
 
 
 def load(path: Path) -> dict:

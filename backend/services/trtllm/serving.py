@@ -76,7 +76,7 @@ def build_speculator(cfg: ServerConfig, root: Path, placement: Optional[Placemen
 def check_tensor_parallel(cfg: ServerConfig, spec: Speculator) -> None:
     """Refuse what would let TensorRT-LLM's ranks draft different tokens (docs/deploy.md)."""
     models = [n for n, d in spec.drafters.items() if d.is_model]
-    policy = getattr(spec.policy, "name", "")  # the one served (policy_config may name another than cfg.policy)
+    policy = getattr(spec.policy, "name", "")  # the one served (cfg.policy may name its file)
     if policy not in RANK_SAFE_POLICIES or models:
         raise ValueError(f"tensor_parallel_size {cfg.tensor_parallel_size}: every rank runs its own drafter and all "
                          f"must draft the same tokens; policy {policy!r} and model drafters {models} can decide "
@@ -137,7 +137,7 @@ def sampling_params(req: GenerationRequest, end_id: int):
     (matched on our detokenized text), so none are passed; TensorRT-LLM does not detokenize.
     A guide becomes TensorRT-LLM's guided decoding (guides.py)."""
     s = req.sampling
-    kw: Dict[str, Any] = dict(max_tokens=req.max_tokens, end_id=end_id, pad_id=end_id, seed=req.seed,
+    kw: Dict[str, Any] = dict(max_tokens=req.max_new_tokens, end_id=end_id, pad_id=end_id, seed=req.seed,
                               detokenize=False)
     if s.greedy:
         kw["top_k"] = 1
@@ -183,7 +183,7 @@ class TrtllmService:
         tok = AutoTokenizer.from_pretrained(ckpt)
         eos_ids = end_tokens(json.loads((ckpt / "config.json").read_text()).get("eos_token_id"), tok)
         llm, drafter = build_llm(cfg, root, **build_kwargs)
-        return cls(llm, drafter, tok, Limits(max_tokens=cfg.max_tokens_limit, max_context=cfg.max_context),
+        return cls(llm, drafter, tok, Limits(max_new_tokens_limit=cfg.max_tokens_limit, max_context=cfg.max_context),
                    eos_ids, max_batch=cfg.max_batch, max_queue=cfg.max_queue or 4 * cfg.max_batch)
 
     def _in_flight(self) -> int:
@@ -253,7 +253,7 @@ class TrtllmService:
         return not self._tasks
 
     def drain(self, seconds: float) -> None:
-        """Shutdown begins (backend/frontend/triton_adapter.py DrainWatcher): refuse new requests at once, let
+        """Shutdown begins (backend/frontend/triton_models/drain.py DrainWatcher): refuse new requests at once, let
         those in flight run for `seconds`, then end them with a final error."""
         if self._draining:
             return

@@ -9,4 +9,4 @@ for _p in [_ROOT, *sorted((_ROOT / ".venv" / "lib").glob("python3*/site-packages
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from backend.frontend.triton_forward import TritonPythonModel  # noqa: E402,F401
+from backend.frontend.triton_models.forward import TritonPythonModel  # noqa: E402,F401

@@ -105,7 +105,7 @@ def test_cross_request_reuse_gives_long_drafts():
 
 
 def test_shared_store_between_drafters():
-    store = SuffixStore(max_tokens=100)
+    store = SuffixStore(max_store_tokens=100)
     s1, s2 = make_drafter("suffix", store=store), make_drafter("suffix", store=store)
     finish(s1, 1, [9], [a, b, c, d])
     assert s2.propose(1, [x, a, b], 2).tokens == [c, d]
@@ -132,9 +132,9 @@ def assert_store_consistent(store: SuffixStore):
     """Every indexed position is live, follows its n-gram, and the index equals a rebuild."""
     idx = store._index
     live = idx.buf[idx.start - idx.base:]
-    assert sum(t != _SEP for t in live) == len(store) <= store.max_tokens
+    assert sum(t != _SEP for t in live) == len(store) <= store.max_store_tokens
     assert live.count(_SEP) == store.num_outputs
-    fresh = SuffixStore(store.max_tokens, idx.ns.start, idx.ns.stop - 1, idx.per_key)
+    fresh = SuffixStore(store.max_store_tokens, idx.ns.start, idx.ns.stop - 1, idx.per_key)
     doc: list = []
     for t in live:
         if t == _SEP:

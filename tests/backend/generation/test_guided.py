@@ -164,10 +164,10 @@ MAX_TOKENS = 40
 
 def requests(sampled=False):
     sampling = SamplingParams(temperature=0.8, top_p=0.95) if sampled else SamplingParams()
-    out = [GenerationRequest(prompt=p, max_tokens=MAX_TOKENS, exclude_input_in_output=True, apply_chat_template=True,
+    out = [GenerationRequest(prompt=p, max_new_tokens=MAX_TOKENS, exclude_input_in_output=True, apply_chat_template=True,
                              guide=g, sampling=sampling, seed=11 + i if sampled else None)
            for i, (p, g) in enumerate(GUIDED)]
-    return out + [GenerationRequest(prompt=p, max_tokens=MAX_TOKENS, exclude_input_in_output=True,
+    return out + [GenerationRequest(prompt=p, max_new_tokens=MAX_TOKENS, exclude_input_in_output=True,
                                     apply_chat_template=True, sampling=sampling, seed=3 if sampled else None)
                   for p in UNGUIDED]
 
@@ -322,7 +322,7 @@ def test_seeded_guided_sampling_is_the_same_text_whatever_the_policy(engine, tok
 def test_a_request_with_a_bad_guide_is_refused_at_submission(engine, tokenizer):
     loop = make_loop(engine, tokenizer, "off", max_batch=1, drafters=drafters())
     with pytest.raises(RequestError, match="cannot be compiled"):
-        loop.submit(GenerationRequest(prompt="hi", guide=Guide("regex", "([")), None)
+        loop.submit(GenerationRequest(prompt="hi", max_new_tokens=16, guide=Guide("regex", "([")), None)
     with pytest.raises(RequestError, match="guided_decoding_guide_type"):
-        loop.submit(GenerationRequest(prompt="hi", guide=Guide("yaml", "a: b")), None)
+        loop.submit(GenerationRequest(prompt="hi", max_new_tokens=16, guide=Guide("yaml", "a: b")), None)
     assert not loop.guides

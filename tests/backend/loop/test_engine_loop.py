@@ -19,7 +19,7 @@ def engine(checkpoint):
 def test_prefill_groups_limit_padding():
     assert prefill_groups([250, 20, 240, 25]) == [[1, 3], [2, 0]]
     assert prefill_groups([10, 10, 10]) == [[0, 1, 2]]
-    assert prefill_groups([100] * 5, max_tokens=250) == [[0, 1], [2, 3], [4]]
+    assert prefill_groups([100] * 5, max_padded_tokens=250) == [[0, 1], [2, 3], [4]]
 
 
 def test_more_requests_than_slots_all_complete_and_share_steps(engine, tokenizer):
@@ -49,11 +49,11 @@ def test_cancel_frees_the_slot(engine, tokenizer):
 
 
 @pytest.mark.parametrize("request_,message", [
-    (GenerationRequest(prompt="", max_tokens=4), "text_input is missing or empty"),
-    (GenerationRequest(prompt="hi", max_tokens=0), "max_tokens must be a positive integer"),
-    (GenerationRequest(prompt="word " * 300, max_tokens=4), "context window"),
-    (GenerationRequest(prompt="hi", max_tokens=4, end_id=10**6), "end_id"),
-    (GenerationRequest(prompt="hi", max_tokens=4, sampling=SamplingParams(temperature=1e-40)), "temperature must be 0"),
+    (GenerationRequest(prompt="", max_new_tokens=4), "text_input is missing or empty"),
+    (GenerationRequest(prompt="hi", max_new_tokens=0), "max_tokens must be a positive integer"),
+    (GenerationRequest(prompt="word " * 300, max_new_tokens=4), "context window"),
+    (GenerationRequest(prompt="hi", max_new_tokens=4, end_id=10**6), "end_id"),
+    (GenerationRequest(prompt="hi", max_new_tokens=4, sampling=SamplingParams(temperature=1e-40)), "temperature must be 0"),
 ])
 def test_refusals_name_the_problem(engine, tokenizer, request_, message):
     loop = make_loop(engine, tokenizer)
@@ -82,7 +82,7 @@ def test_a_seed_reproduces_sampled_text_whatever_the_policy_drafts(checkpoint, t
     fp32 = TorchLlama(checkpoint, dtype="fp32", max_slots=1, max_context=256)
 
     def run(policy, **kw):
-        r = GenerationRequest(prompt="a b c a b c a b c a b", max_tokens=40, sampling=SamplingParams(temperature=0.8),
+        r = GenerationRequest(prompt="a b c a b c a b c a b", max_new_tokens=40, sampling=SamplingParams(temperature=0.8),
                               seed=11, exclude_input_in_output=True)
         loop = make_loop(fp32, tokenizer, policy, **kw)
         return run_all(loop, [r])[0].text, loop

@@ -32,7 +32,7 @@ class State:
 
 
 def seq(seq_id, guide=None):
-    return Sequence(seq_id=seq_id, request=GenerationRequest("x"), sink=None, prompt_ids=[1], tokens=[1, 2],
+    return Sequence(seq_id=seq_id, request=GenerationRequest("x", max_new_tokens=16), sink=None, prompt_ids=[1], tokens=[1, 2],
                     detok=None, eos_ids=frozenset(), guide=guide)
 
 

@@ -31,7 +31,7 @@ class CharTokenizer:
         return "".join(chr(i) for i in ids)
 
 
-LIMITS = Limits(max_tokens=16, max_context=32)
+LIMITS = Limits(max_new_tokens_limit=16, max_context=32)
 SAMPLED = SamplingParams(temperature=0.7)
 
 
@@ -55,7 +55,7 @@ def test_end_tokens_are_the_models_and_the_tokenizers():
 
 def test_a_request_becomes_a_sequence_with_its_prompt_seed_and_end_tokens():
     it = make()
-    a, b = take(it, GenerationRequest("hi", seed=7)), take(it, GenerationRequest("hey", end_id=5))
+    a, b = take(it, GenerationRequest("hi", max_new_tokens=16, seed=7)), take(it, GenerationRequest("hey", max_new_tokens=16, end_id=5))
     assert (a.seq_id, b.seq_id) == (1, 2)
     assert a.prompt_ids == a.tokens == [4, 5] and a.tokens is not a.prompt_ids  # tokens grow, the prompt stays
     assert (a.seed, a.eos_ids, b.eos_ids) == (7, frozenset({2}), frozenset({5}))
@@ -66,42 +66,42 @@ def test_refused_requests_take_no_work_and_no_id():
     tok = CharTokenizer()
     it = make(tok)
     with pytest.raises(ShuttingDown):
-        take(it, GenerationRequest("hi"), draining=True)
+        take(it, GenerationRequest("hi", max_new_tokens=16), draining=True)
     with pytest.raises(Overloaded, match="max_queue 4"):
-        take(it, GenerationRequest("hi"), queue_depth=4)
+        take(it, GenerationRequest("hi", max_new_tokens=16), queue_depth=4)
     with pytest.raises(RequestError, match="max_tokens 17 exceeds"):
-        take(it, GenerationRequest("hi", max_tokens=17))
+        take(it, GenerationRequest("hi", max_new_tokens=17))
     assert tok.calls == 0
-    assert take(it, GenerationRequest("hi")).seq_id == 1
+    assert take(it, GenerationRequest("hi", max_new_tokens=16)).seq_id == 1
 
 
 def test_our_loop_gets_a_generator_only_for_sampled_requests_seeded_with_their_seed():
     it = make()
-    greedy, sampled = take(it, GenerationRequest("hi")), take(it, GenerationRequest("hi", sampling=SAMPLED, seed=9))
+    greedy, sampled = take(it, GenerationRequest("hi", max_new_tokens=16)), take(it, GenerationRequest("hi", max_new_tokens=16, sampling=SAMPLED, seed=9))
     assert greedy.generator is None and greedy.processor is None and greedy.guide is None
     assert isinstance(sampled.generator, torch.Generator) and sampled.generator.initial_seed() == 9
 
 
 def test_penalties_and_bad_words_get_a_logits_processor():
     it = make()
-    for req in (GenerationRequest("hi", penalties=Penalties(presence_penalty=0.5)),
-                GenerationRequest("hi", bad_words_ids=[[7]]),
-                GenerationRequest("hi", penalties=Penalties(bad_words=("ab",)))):
+    for req in (GenerationRequest("hi", max_new_tokens=16, penalties=Penalties(presence_penalty=0.5)),
+                GenerationRequest("hi", max_new_tokens=16, bad_words_ids=[[7]]),
+                GenerationRequest("hi", max_new_tokens=16, penalties=Penalties(bad_words=("ab",)))):
         assert isinstance(take(it, req).processor, LogitsProcessor), req
 
 
 def test_an_engine_that_samples_itself_gets_none_of_our_sampling_state():
     it = make(own_sampling=False)
-    seq = take(it, GenerationRequest("hi", sampling=SAMPLED, penalties=Penalties(presence_penalty=0.5),
+    seq = take(it, GenerationRequest("hi", max_new_tokens=16, sampling=SAMPLED, penalties=Penalties(presence_penalty=0.5),
                                      guide=Guide("regex", "([")))  # not compiled: the engine masks itself
     assert it.guides is None and (seq.generator, seq.processor, seq.guide) == (None, None, None)
 
 
 def test_a_guide_is_compiled_at_intake_and_a_bad_one_refused(tokenizer):
-    it = Intake(tokenizer, Limits(max_tokens=16, max_context=256), len(tokenizer), frozenset({tokenizer.eos_token_id}))
-    seq = take(it, GenerationRequest("Name a colour:", guide=Guide("regex", "(red|green)")))
+    it = Intake(tokenizer, Limits(max_new_tokens_limit=16, max_context=256), len(tokenizer), frozenset({tokenizer.eos_token_id}))
+    seq = take(it, GenerationRequest("Name a colour:", max_new_tokens=16, guide=Guide("regex", "(red|green)")))
     assert isinstance(seq.processor, GuidedProcessor) and seq.guide is not None
     assert seq.guide.valid_prefix(seq.prompt_ids, tokenizer("red", add_special_tokens=False).input_ids) > 0
     with pytest.raises(RequestError, match="cannot be compiled"):
-        take(it, GenerationRequest("hi", guide=Guide("regex", "([")))
-    assert take(it, GenerationRequest("hi")).seq_id == 2  # the refused one took no id
+        take(it, GenerationRequest("hi", max_new_tokens=16, guide=Guide("regex", "([")))
+    assert take(it, GenerationRequest("hi", max_new_tokens=16)).seq_id == 2  # the refused one took no id

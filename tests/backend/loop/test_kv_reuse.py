@@ -54,7 +54,7 @@ class ChatTokenizer:
 
 def seq(seq_id, tokens, slot=0, kv_len=0, generated=0):
     prompt = tokens[: len(tokens) - generated]
-    return Sequence(seq_id=seq_id, request=GenerationRequest("x"), sink=None, prompt_ids=list(prompt),
+    return Sequence(seq_id=seq_id, request=GenerationRequest("x", max_new_tokens=16), sink=None, prompt_ids=list(prompt),
                     tokens=list(tokens), detok=None, eos_ids=frozenset(), slot=slot, kv_len=kv_len)
 
 

@@ -59,7 +59,7 @@ def recorded(loop):
 
 
 def requests(pen, sampling=SamplingParams(), seed=None, log_probs=True):
-    return [GenerationRequest(prompt=p, max_tokens=MAX_TOKENS, exclude_input_in_output=True, penalties=pen,
+    return [GenerationRequest(prompt=p, max_new_tokens=MAX_TOKENS, exclude_input_in_output=True, penalties=pen,
                               sampling=sampling, seed=seed, return_log_probs=log_probs) for p in PROMPTS]
 
 
@@ -133,7 +133,7 @@ def test_seeded_sampling_with_processors_is_reproduced_whatever_the_policy_draft
 def test_log_probs_are_the_target_distribution_of_each_emitted_token(torch_engine, tokenizer):
     """Plain greedy: each log prob is log_softmax of the logits at that position (checked by one
     forward over prompt + output); cum_log_probs is their sum."""
-    req = [GenerationRequest(prompt="The capital of France is", max_tokens=8, exclude_input_in_output=True,
+    req = [GenerationRequest(prompt="The capital of France is", max_new_tokens=8, exclude_input_in_output=True,
                              return_log_probs=True)]
     sink = run_all(make_loop(torch_engine, tokenizer, "static", max_batch=1, drafter="ngram", gamma=3), req)[0]
     chunk = sink.chunks[-1]

@@ -22,7 +22,7 @@ def engine(checkpoint):
 
 
 def requests(k=K, **kw):
-    return [GenerationRequest(prompt=p, max_tokens=MAX_TOKENS, exclude_input_in_output=True, return_log_probs=True,
+    return [GenerationRequest(prompt=p, max_new_tokens=MAX_TOKENS, exclude_input_in_output=True, return_log_probs=True,
                               return_top_log_probs=k, **kw) for p in PROMPTS]
 
 
@@ -105,7 +105,7 @@ def test_sampled_top_log_probs_come_from_the_sampled_distribution(engine, tokeni
 
 
 def test_requests_that_do_not_ask_get_nothing(engine, tokenizer):
-    reqs = requests(k=0) + [GenerationRequest(prompt=PROMPTS[0], max_tokens=4)]
+    reqs = requests(k=0) + [GenerationRequest(prompt=PROMPTS[0], max_new_tokens=4)]
     a, b = finals(make_loop(engine, tokenizer, "off", max_batch=2), reqs[:1] + reqs[-1:])
     assert a.chunks[-1].output_token_ids and a.chunks[-1].top_token_ids is None
     assert b.chunks[-1].output_log_probs is None and b.chunks[-1].output_token_ids is None
@@ -115,4 +115,4 @@ def test_requests_that_do_not_ask_get_nothing(engine, tokenizer):
                                                (3, False, "needs return_log_probs")])
 def test_invalid_top_log_probs_are_refused(k, log_probs, words):
     with pytest.raises(RequestError, match=words):
-        validate(GenerationRequest(prompt="x", return_log_probs=log_probs, return_top_log_probs=k), Limits())
+        validate(GenerationRequest(prompt="x", max_new_tokens=16, return_log_probs=log_probs, return_top_log_probs=k), Limits())

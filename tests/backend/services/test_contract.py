@@ -21,7 +21,8 @@ from backend.services import Service
 from policy import make_policy
 
 ROOT = Path(__file__).resolve().parents[3]
-FRONT_ENDS = [ROOT / "backend" / "frontend" / "triton_adapter.py", ROOT / "backend" / "frontend" / "metrics.py"]
+FRONT_ENDS = [ROOT / "backend" / "frontend" / "triton_models" / f"{name}.py" for name in ("model", "drain", "sink")] + [
+    ROOT / "backend" / "frontend" / "metrics.py"]
 MEMBERS = {n: v for n, v in vars(Service).items() if not n.startswith("_")}
 
 
@@ -63,7 +64,7 @@ def trtllm_service(fake_trtllm):
 
     spec = Speculator(make_policy("off"), {"ngram": make_drafter("ngram")})
     drafter = AdaptiveDrafter(IterationDrafter(spec, max_draft_len=4))
-    return TrtllmService(StubLLM(), drafter, StubTokenizer(), Limits(max_tokens=16, max_context=64), frozenset({0}),
+    return TrtllmService(StubLLM(), drafter, StubTokenizer(), Limits(max_new_tokens_limit=16, max_context=64), frozenset({0}),
                          max_batch=2, max_queue=8)
 
 

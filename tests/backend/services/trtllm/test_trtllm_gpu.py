@@ -39,7 +39,7 @@ def test_greedy_with_our_drafter_equals_tensorrt_llm_greedy_without_speculation(
     svc = TrtllmService.from_config(cfg, ROOT, max_draft_len=4, free_gpu_memory_fraction=0.3)
     svc.start()
     try:
-        reqs = [GenerationRequest(prompt=p, max_tokens=MAX_NEW, exclude_input_in_output=True) for p in PROMPTS]
+        reqs = [GenerationRequest(prompt=p, max_new_tokens=MAX_NEW, exclude_input_in_output=True) for p in PROMPTS]
         sinks = [ListSink() for _ in reqs]
         for r, s in zip(reqs, sinks):
             svc.submit(r, s)

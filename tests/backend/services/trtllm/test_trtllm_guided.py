@@ -29,9 +29,9 @@ GUIDED = [("Describe a person as JSON.", Guide("json_schema", json.dumps(PERSON)
 
 
 def requests():
-    out = [GenerationRequest(prompt=p, max_tokens=32, exclude_input_in_output=True, apply_chat_template=True, guide=g)
+    out = [GenerationRequest(prompt=p, max_new_tokens=32, exclude_input_in_output=True, apply_chat_template=True, guide=g)
            for p, g in GUIDED]
-    return out + [GenerationRequest(prompt="Tell me about Paris.", max_tokens=16, exclude_input_in_output=True,
+    return out + [GenerationRequest(prompt="Tell me about Paris.", max_new_tokens=16, exclude_input_in_output=True,
                                     apply_chat_template=True)]
 
 
@@ -110,10 +110,10 @@ def test_drafts_are_cut_where_they_leave_the_grammar(service, tokenizer):
 
     spec = Speculator(StaticPolicy(drafter="words", gamma=4), {"words": Words()}, lookahead=True)
     svc, ex = service(spec)
-    free = serve(svc, [GenerationRequest(prompt="Count: 1 2 3", max_tokens=8)])[0]
+    free = serve(svc, [GenerationRequest(prompt="Count: 1 2 3", max_new_tokens=8)])[0]
     drafted = ex.drafted_by_hook
     assert free.text and drafted > 0
-    guided = serve(svc, [GenerationRequest(prompt="Count: 1 2 3", max_tokens=8,
+    guided = serve(svc, [GenerationRequest(prompt="Count: 1 2 3", max_new_tokens=8,
                                                           exclude_input_in_output=True,
                                                           guide=Guide("regex", "[0-9]{8}"))])[0]
     assert re.fullmatch("[0-9]{1,8}", guided.text), guided.text
@@ -123,15 +123,15 @@ def test_drafts_are_cut_where_they_leave_the_grammar(service, tokenizer):
 def test_bad_guides_and_structured_output_switched_off_are_refused(service, tmp_path):
     svc, _ = service()
     with pytest.raises(RequestError, match="cannot be compiled|not valid"):
-        svc.submit(GenerationRequest(prompt="hi", max_tokens=4, guide=Guide("regex", "([")), ListSink())
+        svc.submit(GenerationRequest(prompt="hi", max_new_tokens=4, guide=Guide("regex", "([")), ListSink())
     with pytest.raises(RequestError, match="guided_decoding_guide_type"):
-        svc.submit(GenerationRequest(prompt="hi", max_tokens=4, guide=Guide("yaml", "a: b")), ListSink())
+        svc.submit(GenerationRequest(prompt="hi", max_new_tokens=4, guide=Guide("yaml", "a: b")), ListSink())
     off = tmp_path / "llm.yaml"
     off.write_text("guided_decoding_backend: null\n")
     svc, _ = service(trtllm_config=str(off))
     assert svc.llm.args["guided_decoding_backend"] is None
     with pytest.raises(RequestError, match="structured output is off"):
-        svc.submit(GenerationRequest(prompt="hi", max_tokens=4, guide=Guide("json")), ListSink())
+        svc.submit(GenerationRequest(prompt="hi", max_new_tokens=4, guide=Guide("json")), ListSink())
 
 
 def test_the_guides_tensorrt_llm_gets_give_the_cpu_layout(tokenizer):

@@ -128,7 +128,7 @@ def test_served_through_the_fake_trtllm_the_policy_parks_and_reloads_and_output_
     svc.start()
     try:
         req = GenerationRequest(prompt="Repeat exactly: the river runs, the river runs, the river runs.",
-                                max_tokens=48, exclude_input_in_output=True)
+                                max_new_tokens=48, exclude_input_in_output=True)
         sink = ListSink()
         svc.submit(req, sink)
         end = time.monotonic() + 120

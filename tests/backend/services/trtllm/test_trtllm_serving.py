@@ -82,17 +82,17 @@ def test_build_llm_passes_our_config_and_drafter(served):
 
 def test_responses_are_those_of_the_cpu_path(served, trt_engine, tokenizer):
     svc, ex = served
-    plain = cpu(trt_engine, tokenizer, [GenerationRequest(prompt="1, 2, 3, 4, 5, 6,", max_tokens=24,
+    plain = cpu(trt_engine, tokenizer, [GenerationRequest(prompt="1, 2, 3, 4, 5, 6,", max_new_tokens=24,
                                                           exclude_input_in_output=True)])
     text = plain[0].chunks[-1].text
     stop = text[len(text) // 2: len(text) // 2 + 3]
     assert stop.strip(), f"no stop word to cut {text!r} with"
     reqs = [
-        GenerationRequest(prompt="Repeat exactly: the river runs, the river runs, the river runs.", max_tokens=20,
+        GenerationRequest(prompt="Repeat exactly: the river runs, the river runs, the river runs.", max_new_tokens=20,
                           stream=True),
-        GenerationRequest(prompt="The capital of France is", max_tokens=12),  # echoes the prompt
-        GenerationRequest(prompt="1, 2, 3, 4, 5, 6,", max_tokens=24, stop_words=[stop], stream=True),
-        GenerationRequest(prompt="def add(a, b):\n    return a + b\n", max_tokens=1, stream=True),
+        GenerationRequest(prompt="The capital of France is", max_new_tokens=12),  # echoes the prompt
+        GenerationRequest(prompt="1, 2, 3, 4, 5, 6,", max_new_tokens=24, stop_words=[stop], stream=True),
+        GenerationRequest(prompt="def add(a, b):\n    return a + b\n", max_new_tokens=1, stream=True),
     ]
     ours, theirs = serve(svc, reqs), cpu(trt_engine, tokenizer, reqs)
     for r, a, b in zip(reqs, ours, theirs):
@@ -126,7 +126,7 @@ def test_the_policys_queue_length_counts_the_services_requests_in_flight(served)
     svc.spec.policy.speculates_at = spy
     sinks = [ListSink() for _ in range(5)]
     for s in sinks:
-        svc.submit(GenerationRequest(prompt="1, 2, 3, 4,", max_tokens=4), s)
+        svc.submit(GenerationRequest(prompt="1, 2, 3, 4,", max_new_tokens=4), s)
     wait(sinks)
     assert svc.drafter.in_flight() == 0
     assert max(seen) >= 1, "five requests on three slots: some waited, the policy never heard"
@@ -140,7 +140,7 @@ def test_a_cancelled_request_stops_and_is_aborted(served):
             return len(self.chunks) >= 1
 
     sink = CancelAfterFirst()
-    svc.submit(GenerationRequest(prompt="1, 2, 3, 4, 5, 6,", max_tokens=60, stream=True), sink)
+    svc.submit(GenerationRequest(prompt="1, 2, 3, 4, 5, 6,", max_new_tokens=60, stream=True), sink)
     wait([sink])
     assert sink.chunks[-1].finish_reason == "cancelled" and sink.chunks[-1].num_output_tokens < 60
     ex.step()  # 1.2 acts on the abort at the end of its next iteration (the fake steps when asked)
@@ -152,11 +152,11 @@ def test_a_cancelled_request_stops_and_is_aborted(served):
 def test_bad_requests_are_refused_like_on_the_cpu(served):
     svc, _ = served
     with pytest.raises(RequestError, match="context window"):
-        svc.submit(GenerationRequest(prompt="word " * 200, max_tokens=4), ListSink())
+        svc.submit(GenerationRequest(prompt="word " * 200, max_new_tokens=4), ListSink())
     with pytest.raises(RequestError, match="outside the vocabulary"):
-        svc.submit(GenerationRequest(prompt="hi", max_tokens=4, end_id=10**7), ListSink())
+        svc.submit(GenerationRequest(prompt="hi", max_new_tokens=4, end_id=10**7), ListSink())
     with pytest.raises(RequestError, match="max_tokens"):
-        svc.submit(GenerationRequest(prompt="hi", max_tokens=65), ListSink())
+        svc.submit(GenerationRequest(prompt="hi", max_new_tokens=65), ListSink())
 
 
 def test_the_engine_setting_selects_the_trtllm_service(monkeypatch, checkpoint):
@@ -219,7 +219,7 @@ def test_the_metrics_publisher_reads_the_service(served, tokenizer):
     pub.publish()  # before any request every fixed series exists
     assert pb("specserve_sequences", state="waiting") == 0 and pb("nv_trt_llm_request_metrics", request_type="max") == 3
     prompts = ["Repeat exactly: the river runs, the river runs, the river runs.", "1, 2, 3, 4, 5, 6,"]
-    sinks = serve(svc, [GenerationRequest(prompt=p, max_tokens=32) for p in prompts])
+    sinks = serve(svc, [GenerationRequest(prompt=p, max_new_tokens=32) for p in prompts])
     pub.publish()
     st = svc.stats
     assert pb("specserve_steps_total") == st.steps > 0
@@ -251,9 +251,9 @@ def test_the_service_drains_like_the_engine_loop(served):
     svc, _ = served
     assert svc.idle
     sink = ListSink()
-    svc.submit(GenerationRequest(prompt="1, 2, 3, 4, 5, 6,", max_tokens=60, stream=True), sink)
+    svc.submit(GenerationRequest(prompt="1, 2, 3, 4, 5, 6,", max_new_tokens=60, stream=True), sink)
     svc.drain(0.0)
     with pytest.raises(ShuttingDown):
-        svc.submit(GenerationRequest(prompt="hi", max_tokens=4), ListSink())
+        svc.submit(GenerationRequest(prompt="hi", max_new_tokens=4), ListSink())
     wait([sink])
     assert svc.idle and sink.errors and "shutting down" in sink.errors[-1]

@@ -27,7 +27,7 @@ import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from ..wire import REQUEST_ID, REQUEST_ID_NAMES, ErrorKind, error_kind
+from ...wire import REQUEST_ID, REQUEST_ID_NAMES, ErrorKind, error_kind
 
 log = logging.getLogger("specserve.unary")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -36,7 +36,7 @@ TEXT = "text_output"
 
 def error_code(code, message: str):
     """The TritonError code for an error `llm` sent: its own code where the BLS keeps it (Triton
-    after 2.51), else from the message (backend/frontend/triton_adapter.py's kinds)."""
+    after 2.51), else from the message (backend/frontend/triton_models/responses.py's kinds)."""
     if code != pb_utils.TritonError.INTERNAL:
         return code
     kind = error_kind(message)
@@ -118,7 +118,7 @@ def join_responses(outputs: list, prefix=b"") -> dict:
 def request_id(request):
     """The HTTP edge's id of the request (backend/frontend/edge.py): a header Triton forwards as a parameter
     on /infer, or a body parameter on /generate. Passed on to llm, which watches for its cancel mark
-    (backend/frontend/triton_adapter.py): Triton 2.51 does not tell a model when an HTTP client leaves."""
+    (backend/frontend/triton_models/responses.py MarkedSender): Triton 2.51 does not tell a model when an HTTP client leaves."""
     try:
         params = json.loads(request.parameters() or "{}")
     except (ValueError, AttributeError):

@@ -1,4 +1,4 @@
-"""The unary model's forwarding (backend/frontend/triton_forward.py) with a stand-in for Triton's
+"""The unary model's forwarding (backend/frontend/triton_models/forward.py) with a stand-in for Triton's
 `triton_python_backend_utils`: what it asks `llm` for and how it joins the answers.
 tests/integration/test_unary_and_names.py runs it inside the real server."""
 import importlib
@@ -115,7 +115,7 @@ def forward(monkeypatch):
     pb.using_decoupled_model_transaction_policy = lambda cfg: cfg.get("model_transaction_policy", {}).get("decoupled", False)
     pb.get_input_tensor_by_name = lambda req, name: Tensor(name, req.values[name]) if name in req.values else None
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
-    module = importlib.import_module("backend.frontend.triton_forward")
+    module = importlib.import_module("backend.frontend.triton_models.forward")
     module = importlib.reload(module)  # bound to this stand-in
 
     def run(values, responses, cancelled=False, parameters="{}"):
@@ -131,7 +131,7 @@ def forward(monkeypatch):
         assert flags == FINAL
         return llm, response
     yield run
-    sys.modules.pop("backend.frontend.triton_forward", None)
+    sys.modules.pop("backend.frontend.triton_models.forward", None)
 
 
 
@@ -207,7 +207,7 @@ def test_the_edges_request_id_is_passed_on_to_llm(forward):
 def test_per_token_outputs_are_joined_along_the_token_axis(forward):
     """output_log_probs, output_token_ids and output_top_* of the steps concatenated (a step with no
     token may carry k = 0); two generations padded to the longer one and stacked."""
-    import backend.frontend.triton_forward as module
+    import backend.frontend.triton_models.forward as module
 
     def out(ids, k, seq=None):
         n = len(ids)

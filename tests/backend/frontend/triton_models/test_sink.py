@@ -1,4 +1,4 @@
-"""The served model's response path (backend/frontend/triton_adapter.py TritonSink through a
+"""The served model's response path (backend/frontend/triton_models/sink.py TritonSink through a
 ResponseWriter) with stand-ins for Triton's `triton_python_backend_utils`: responses leave in
 order from the writer's thread, a failed send turns into a cancel, close() flushes.
 The integration tests run the same path inside the real server."""
@@ -11,7 +11,7 @@ import types
 import pytest
 
 from backend.generation.sequence import Chunk
-from test_triton_forward import FINAL, InferenceResponse, Tensor, TritonError
+from test_forward import FINAL, InferenceResponse, Tensor, TritonError
 
 
 class Sender:
@@ -36,7 +36,8 @@ def adapter(monkeypatch):
     pb.Tensor, pb.TritonError, pb.InferenceResponse = Tensor, TritonError, InferenceResponse
     pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL = FINAL
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
-    return importlib.reload(importlib.import_module("backend.frontend.triton_adapter"))
+    importlib.reload(importlib.import_module("backend.frontend.triton_models.responses"))
+    return importlib.reload(importlib.import_module("backend.frontend.triton_models.sink"))
 
 
 def chunk(text):

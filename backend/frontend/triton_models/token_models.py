@@ -1,6 +1,6 @@
 """The token-level models of NVIDIA's TensorRT-LLM model set, without Triton: what
 `preprocessing` (text -> ids), `tensorrt_llm` (ids -> ids, on llm's engine) and
-`postprocessing` (ids -> text) compute. backend/frontend/triton_tokens.py moves the tensors.
+`postprocessing` (ids -> text) compute. backend/frontend/triton_models/tokens.py moves the tensors.
 
 Tensor names, dtypes and shapes are NVIDIA's (all_models/inflight_batcher_llm/*/config.pbtxt),
 so preprocessing -> tensorrt_llm -> postprocessing chains as in NVIDIA's end_to_end_test.py.
@@ -12,8 +12,8 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from ..generation import word_lists
-from ..generation.request import GenerationRequest, RequestError, decode_utf8, prompt_ids
+from ...generation import word_lists
+from ...generation.request import GenerationRequest, RequestError, decode_utf8, prompt_ids
 
 # -- preprocessing --------------------------------------------------------------------------------
 
@@ -64,7 +64,7 @@ def preprocess(tokenizer, values: Dict[str, np.ndarray]) -> Dict[str, np.ndarray
     default_pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else default_end
     end = [_one(end_rows, b, default_end) for b in range(batch)]
     pad = [_one(pad_rows, b, default_pad) for b in range(batch)]
-    ids = [prompt_ids(tokenizer, GenerationRequest(prompt=_text(q, "QUERY"))) for q in query.reshape(-1)]
+    ids = [prompt_ids(tokenizer, GenerationRequest(prompt=_text(q, "QUERY"), max_new_tokens=1)) for q in query.reshape(-1)]
     width = max(1, max(map(len, ids)))
     input_id = np.array([seq + [pad[b]] * (width - len(seq)) for b, seq in enumerate(ids)], dtype=np.int32)
     words = {}

@@ -1,4 +1,4 @@
-"""The Triton models of NVIDIA's token-level model set (backend/frontend/token_models.py computes):
+"""The Triton models of NVIDIA's token-level model set (backend/frontend/triton_models/token_models.py computes):
 
 - `Preprocessing` (model `preprocessing`): text -> ids with the served checkpoint's tokenizer;
 - `Postprocessing` (model `postprocessing`): ids -> text;
@@ -20,10 +20,10 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from . import token_models
-from .triton_forward import error_code, model_config, request_id
-from ..generation.request import RequestError
-from ..server_config import ServerConfig
-from ..wire import REQUEST_ID, ErrorKind
+from .forward import error_code, model_config, request_id
+from ...generation.request import RequestError
+from ...served import for_model
+from ...wire import REQUEST_ID, ErrorKind
 
 log = logging.getLogger("specserve.tokens")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -40,13 +40,13 @@ def _error(message: str, code: str):
 
 
 def _load_tokenizer(args):
-    """The tokenizer of the checkpoint llm serves: the model's `checkpoint` parameter, with llm's
-    SPECSERVE_CHECKPOINT override (backend/server_config.py)."""
+    """The tokenizer of the checkpoint llm serves: the launcher's record of the served config
+    (backend/served.py), else this model's `checkpoint` parameter with SPECSERVE_CHECKPOINT over it."""
     from transformers import AutoTokenizer
 
     params = {k: v["string_value"] for k, v in json.loads(args["model_config"]).get("parameters", {}).items()}
-    root = Path(params.pop("project_root", "") or Path(__file__).resolve().parents[2])
-    cfg = ServerConfig.load(params)
+    root = Path(params.pop("project_root", "") or Path(__file__).resolve().parents[3])
+    cfg = for_model(params, root=root)
     return AutoTokenizer.from_pretrained(cfg.resolve(cfg.checkpoint, root))
 
 

@@ -1,11 +1,11 @@
-"""NVIDIA's token-level models without Triton (backend/frontend/token_models.py, the word-list
+"""NVIDIA's token-level models without Triton (backend/frontend/triton_models/token_models.py, the word-list
 format in backend/generation/word_lists.py) on the served checkpoint's tokenizer, and what a
 token-level request sends back (backend/generation/sequence.py). The real server runs them in
 tests/integration/test_token_models.py."""
 import numpy as np
 import pytest
 
-from backend.frontend.token_models import llm_inputs, postprocess, preprocess
+from backend.frontend.triton_models.token_models import llm_inputs, postprocess, preprocess
 from backend.generation import word_lists
 from backend.generation.request import GenerationRequest, RequestError, prompt_ids
 from backend.generation.sequence import Sequence
@@ -28,7 +28,7 @@ def q(*texts):
 def test_preprocessing_tokenizes_as_llm_does(tokenizer):
     out = preprocess(tokenizer, {"QUERY": q("Hello there, friend", "Hi"), "REQUEST_OUTPUT_LEN": np.array([[8], [9]], np.int32),
                                  "STOP_WORDS_DICT": np.array([[b"friend", b""], [b"\n", b"Hi"]], dtype=object)})
-    ids = [prompt_ids(tokenizer, GenerationRequest(prompt=p)) for p in ("Hello there, friend", "Hi")]
+    ids = [prompt_ids(tokenizer, GenerationRequest(prompt=p, max_new_tokens=16)) for p in ("Hello there, friend", "Hi")]
     pad = tokenizer.pad_token_id
     assert out["INPUT_ID"].dtype == np.int32 and out["INPUT_ID"].tolist() == [ids[0], ids[1] + [pad] * (len(ids[0]) - len(ids[1]))]
     assert out["REQUEST_INPUT_LEN"].tolist() == [[len(ids[0])], [len(ids[1])]]
@@ -131,7 +131,7 @@ class Detok:
 
 
 def sequence(**req):
-    r = GenerationRequest("", max_tokens=6, input_ids=[10, 11], return_output_ids=True, **req)
+    r = GenerationRequest("", max_new_tokens=6, input_ids=[10, 11], return_output_ids=True, **req)
     return Sequence(seq_id=0, request=r, sink=Sink(), prompt_ids=[10, 11], tokens=[10, 11], detok=Detok(),
                     eos_ids=frozenset({2}))
 
