@@ -352,12 +352,13 @@ def test_gpu_requirements_add_the_edge_and_pin_nothing_the_image_ships():
     check_image = load_check_image()
     req = DOCKER / "requirements-trtllm.txt"
     names = check_image.requirement_names(req)
-    assert names == {"pytest", "pytest-timeout", "aiohttp", "tritonclient", "protobuf", "llguidance"}
+    assert names == {"pytest", "pytest-timeout", "aiohttp", "tritonclient", "grpcio", "protobuf", "llguidance"}
     image_owned = {check_image.norm(n) for n in check_image.RELIED_ON} | {"tensorrt", "triton"}
     assert not names & image_owned
     lines = {ln.split("#")[0].strip() for ln in req.read_text().splitlines()} - {""}
     # the launcher's additions are bounded ranges (the image may already carry them: kept as they are)
-    assert {"aiohttp>=3.9,<4", "tritonclient[grpc]>=2.51,<3", "protobuf>=4.21,<7", "llguidance>=0.7.29,<2"} <= lines
+    assert {"aiohttp>=3.9,<4", "tritonclient[grpc]>=2.51,<3", "grpcio>=1.41,<2", "protobuf>=4.21,<7",
+            "llguidance>=0.7.29,<2"} <= lines
     # the test runner: the same pins as the project's own
     project = {ln.split("==")[0]: ln.split("#")[0].strip() for ln in (ROOT / "requirements.txt").read_text().splitlines()
                if "==" in ln}
@@ -367,7 +368,9 @@ def test_gpu_requirements_add_the_edge_and_pin_nothing_the_image_ships():
 # Third-party modules the GPU container imports, by distribution: the image's (check_image.RELIED_ON, plus
 # Triton's own backend module), or what requirements-trtllm.txt adds. llama_cpp is the CPU engine's,
 # imported only when engine is llama.cpp.
-IMPORT_TO_DISTRIBUTION = {"yaml": "pyyaml", "google": "protobuf", "triton_python_backend_utils": None, "llama_cpp": None}
+IMPORT_TO_DISTRIBUTION = {"yaml": "pyyaml", "google": "protobuf", "grpc": "grpcio", "triton_python_backend_utils": None,
+                          "llama_cpp": None,
+                          "brotli": None}  # optional: without it the edge answers Content-Encoding br with a 415
 
 
 def third_party_imports(*modules) -> set:
