@@ -176,11 +176,7 @@ def test_supervisor_restarts_a_dead_tritonserver(log_path):
             assert new != server, "not restarted"
             took = wait_ready(ports, 90) + time.monotonic() - t0  # restarts after 1 s, then 2 s, plus loading
             assert_gone(server, stubs)
-            (text, _), err = grpc_generate(Grpc(ports), "The capital of France is", max_tokens=4, stream=True)
-            assert err is None and text, err
-            status, body = http_status(ports, "/v2/models/llm/generate", method="POST",
-                                       body=json.dumps({"text_input": "hi", "max_tokens": 2}))
-            assert status == 200, body
+            assert_serves(ports)
             print(f"{victim} killed: ready again in {took:.1f} s")
         text = log_path.read_text()
         assert "died unexpectedly (signal SIGKILL)" in text and "restarting tritonserver in 1 s" in text
@@ -315,6 +311,15 @@ def _ppid(pid: int) -> int:
         return 0
 
 
+def assert_serves(ports) -> None:
+    """A restarted server answers a streamed gRPC request and an HTTP /generate."""
+    (text, _), err = grpc_generate(Grpc(ports), "The capital of France is", max_tokens=4, stream=True)
+    assert err is None and text, err
+    status, body = http_status(ports, "/v2/models/llm/generate", method="POST",
+                               body=json.dumps({"text_input": "hi", "max_tokens": 2}))
+    assert status == 200, body
+
+
 def assert_loading(ports) -> None:
     status, text = http_status(ports)
     assert status == 503, (status, text)  # not ready yet: the stub was caught during the load
@@ -357,11 +362,7 @@ def test_a_stub_that_hangs_or_dies_while_triton_loads_is_restarted(log_path):
         wait_log(log_path, "died while tritonserver was loading", 30, after=logged)
         took = wait_ready(ports, 300)
         assert triton_pid(proc.pid) != server
-        (text, _), err = grpc_generate(Grpc(ports), "The capital of France is", max_tokens=4, stream=True)
-        assert err is None and text, err
-        status, body = http_status(ports, "/v2/models/llm/generate", method="POST",
-                                   body=json.dumps({"text_input": "hi", "max_tokens": 2}))
-        assert status == 200, body
+        assert_serves(ports)
         print(f"llm stub killed while loading: ready {took:.1f} s later")
     finally:
         stop(proc)
