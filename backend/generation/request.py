@@ -10,24 +10,15 @@ from .guided import Guide
 from .logits_processors import Penalties
 from .sampling import SamplingParams
 from ..wire import ErrorKind
+# defined torch-free in their own modules (the token models import them alone); imported from here too
+from .errors import Overloaded, RequestError, ShuttingDown  # noqa: F401
+from .prompt import decode_utf8, prompt_ids  # noqa: F401
 
 
 MIN_TEMPERATURE = 1e-6  # smallest positive temperature: logits / t stays finite in float32
 MAX_TOP_LOG_PROBS = 20  # return_top_log_probs: alternatives per generated token (OpenAI's top_logprobs limit)
 NO_END_ID = -1  # end_id -1: no end token, generate until max_tokens or a stop word (TensorRT-LLM's meaning)
 MAX_CHARS_PER_TOKEN = 64  # a prompt longer than this x the context window cannot fit: refused before tokenizing
-
-
-class RequestError(ValueError):
-    """A request the server must refuse with a clear message (never a crash)."""
-
-
-class Overloaded(RuntimeError):
-    """The server is at its admission limit: the client should retry later (HTTP 503 / UNAVAILABLE)."""
-
-
-class ShuttingDown(Overloaded):
-    """The server is draining for shutdown: it takes no new request (HTTP 503 / UNAVAILABLE)."""
 
 
 @dataclass(frozen=True)
@@ -104,22 +95,6 @@ def validate(req: GenerationRequest, limits: Limits) -> GenerationRequest:
     return req
 
 
-def prompt_ids(tokenizer, req: GenerationRequest) -> list:
-    """The request's prompt as token ids: given (input_ids), raw, or as a user turn in the model's
-    chat template."""
-    if req.input_ids is not None:
-        return list(req.input_ids)
-    if req.apply_chat_template:
-        if not getattr(tokenizer, "chat_template", None):
-            raise RequestError("this model has no chat template; send apply_chat_template=false")
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": req.prompt}], tokenize=True,
-                                            add_generation_prompt=True)
-        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-    else:
-        ids = tokenizer(req.prompt).input_ids
-    return list(ids)
-
-
 @dataclass(frozen=True)
 class Admitted:
     """What intake decided about an accepted request: its prompt ids, seed and end tokens."""
@@ -167,10 +142,3 @@ def chat_prefix(tokenizer) -> list:
     while n < min(len(a), len(b)) - 1 and a[n] == b[n]:
         n += 1
     return a[:n]
-
-
-def decode_utf8(raw: bytes, what: str) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise RequestError(f"{what} is not valid UTF-8 ({e.reason} at byte {e.start})") from None

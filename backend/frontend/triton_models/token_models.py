@@ -13,7 +13,8 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from ...generation import word_lists
-from ...generation.request import GenerationRequest, RequestError, decode_utf8, prompt_ids
+from ...generation.errors import RequestError
+from ...generation.prompt import decode_utf8, text_ids
 
 # -- preprocessing --------------------------------------------------------------------------------
 
@@ -46,7 +47,7 @@ def preprocess(tokenizer, values: Dict[str, np.ndarray]) -> Dict[str, np.ndarray
     dicts as [B, 2, L] word lists, REQUEST_OUTPUT_LEN, OUT_END_ID / OUT_PAD_ID [B, 1] (END_ID /
     PAD_ID, else the tokenizer's), an empty EMBEDDING_BIAS [B, 0] and the decoder placeholders
     TensorRT-LLM sends for a decoder-only model (DECODER_INPUT_ID = pad id, length 1). The prompt
-    is tokenized as llm tokenizes text_input, so both paths see the same ids."""
+    is tokenized as llm tokenizes text_input (prompt.text_ids), so both paths see the same ids."""
     query = values.get("QUERY")
     if query is None or query.size == 0:
         raise RequestError("QUERY is missing or empty")
@@ -64,7 +65,7 @@ def preprocess(tokenizer, values: Dict[str, np.ndarray]) -> Dict[str, np.ndarray
     default_pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else default_end
     end = [_one(end_rows, b, default_end) for b in range(batch)]
     pad = [_one(pad_rows, b, default_pad) for b in range(batch)]
-    ids = [prompt_ids(tokenizer, GenerationRequest(prompt=_text(q, "QUERY"), max_new_tokens=1)) for q in query.reshape(-1)]
+    ids = [text_ids(tokenizer, _text(q, "QUERY")) for q in query.reshape(-1)]
     width = max(1, max(map(len, ids)))
     input_id = np.array([seq + [pad[b]] * (width - len(seq)) for b, seq in enumerate(ids)], dtype=np.int32)
     words = {}

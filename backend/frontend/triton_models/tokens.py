@@ -21,7 +21,8 @@ import triton_python_backend_utils as pb_utils
 
 from . import token_models
 from .forward import error_code, model_config, request_id
-from ...generation.request import RequestError
+from ...generation import text_tokenizer
+from ...generation.errors import RequestError
 from ...served import for_model
 from ...wire import REQUEST_ID, ErrorKind
 
@@ -41,13 +42,12 @@ def _error(message: str, code: str):
 
 def _load_tokenizer(args):
     """The tokenizer of the checkpoint llm serves: the launcher's record of the served config
-    (backend/served.py), else this model's `checkpoint` parameter with SPECSERVE_CHECKPOINT over it."""
-    from transformers import AutoTokenizer
-
+    (backend/served.py), else this model's `checkpoint` parameter with SPECSERVE_CHECKPOINT over it.
+    text_tokenizer's, not transformers': these stubs then import neither transformers nor torch."""
     params = {k: v["string_value"] for k, v in json.loads(args["model_config"]).get("parameters", {}).items()}
     root = Path(params.pop("project_root", "") or Path(__file__).resolve().parents[3])
     cfg = for_model(params, root=root)
-    return AutoTokenizer.from_pretrained(cfg.resolve(cfg.checkpoint, root))
+    return text_tokenizer.load(cfg.resolve(cfg.checkpoint, root))
 
 
 class _TokenizerModel:
