@@ -107,12 +107,18 @@ def engine_args(cfg, root: Path) -> List[str]:
 def load_tool(name: str) -> Path:
     """perf_analyzer or genai-perf, installed now (scripts/setup_loadtools.sh) if missing."""
     tool = LOADTOOLS / name
-    if not tool.exists():
+    if not _installed_here(tool):
         with build_lock(CACHE, "loadtools"):
-            if not tool.exists():
+            if not _installed_here(tool):
                 log("installing perf_analyzer and genai-perf (scripts/setup_loadtools.sh; the first time only)")
                 subprocess.run(["bash", str(ROOT / "scripts" / "setup_loadtools.sh")], check=True)
     return tool
+
+
+def _installed_here(tool: Path) -> bool:
+    """The wrapper exists and names this cache's real place (it holds absolute paths: written for
+    another checkout sharing .cache, or before the checkout moved, it cannot run)."""
+    return tool.exists() and str(LOADTOOLS.parent.resolve()) in tool.read_text(errors="replace")
 
 
 def llama_server() -> Path:

@@ -173,7 +173,10 @@ EOF
 
 # ----------------------------------------------------------------- paths
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-LT="$REPO/.cache/loadtools"
+# The physical path: the wrappers and the venv's scripts name it, and a .cache shared by symlink
+# (another checkout's) must not get paths that die with that checkout.
+mkdir -p "$REPO/.cache"
+LT="$(cd "$REPO/.cache" && pwd -P)/loadtools"
 DIST="$LT/dist"
 APTDIR="$LT/apt"
 SYSROOT="$LT/sysroot-trixie"
@@ -406,7 +409,9 @@ mv "$BIN/perf_analyzer.tmp" "$BIN/perf_analyzer"
 
 # ----------------------------------------------------------------- 4. genai-perf venv
 REQ_HASH="$(printf '%s' "$GENAI_PERF_REQUIREMENTS" | sha256sum | cut -c1-16)"
-if stamp_ok genai-perf "$REQ_HASH" && [[ -x "$VENV/bin/genai-perf" ]]; then
+# (a venv names its own path in its scripts: one made elsewhere, then moved, does not run)
+if stamp_ok genai-perf "$REQ_HASH" && [[ -x "$VENV/bin/genai-perf" ]] \
+    && [[ "$(head -1 "$VENV/bin/genai-perf")" == "#!$VENV/bin/python"* ]]; then
   log "genai-perf $GENAI_PERF_VERSION venv: cached ($VENV)"
 else
   "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' \

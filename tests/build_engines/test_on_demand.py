@@ -115,3 +115,16 @@ def test_the_domains_are_distill_drafters():
     from backend.drafters import artifacts
     from build_engines.drafter_data import DOMAINS
     assert set(artifacts.DOMAINS) == set(DOMAINS)
+
+
+def test_a_load_tool_written_for_another_checkout_is_installed_again(tmp_path, monkeypatch):
+    """The wrappers hold absolute paths: one written through another checkout's path to a shared
+    .cache (or before the checkout moved) cannot run, so load_tool must not take it as installed."""
+    bin_dir = tmp_path / "cache" / "loadtools" / "bin"
+    bin_dir.mkdir(parents=True)
+    monkeypatch.setattr(on_demand, "LOADTOOLS", bin_dir)
+    tool = bin_dir / "perf_analyzer"
+    tool.write_text('#!/usr/bin/env bash\nexec "/elsewhere/.cache/loadtools/perf-analyzer/bin/perf_analyzer" "$@"\n')
+    assert not on_demand._installed_here(tool)
+    tool.write_text(f'#!/usr/bin/env bash\nexec "{bin_dir.parent.resolve()}/perf-analyzer/bin/perf_analyzer" "$@"\n')
+    assert on_demand._installed_here(tool)

@@ -165,7 +165,7 @@ def test_supervisor_restarts_a_dead_tritonserver(log_path):
                 assert (r.status, r.getheader("Retry-After")) == (503, "1"), r.read()
                 c.close()
             else:
-                os.kill(next(p for p, region in stubs.items() if "llm/1" in " ".join(_argv(p))), signal.SIGKILL)
+                os.kill(next(p for p in stubs if is_llm_stub(p)), signal.SIGKILL)
             t0, new = time.monotonic(), server
             while new == server and time.monotonic() - t0 < 90:  # (Triton stays "ready" with a dead stub)
                 time.sleep(0.2)
@@ -304,6 +304,11 @@ def llm_stub_of(launcher_pid: int, old_server: int | None = None, timeout: float
     raise AssertionError("no stub of the llm model appeared")
 
 
+def is_llm_stub(pid: int) -> bool:
+    """The stub running model `llm` (its model.py path: "llm/1" alone also names tensorrt_llm's)."""
+    return any("model_repository/llm/1/model.py" in a for a in _argv(pid))
+
+
 def _ppid(pid: int) -> int:
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -411,7 +416,7 @@ def test_streams_cut_by_a_crash_end_with_an_error_event(log_path, victim):
         if victim == "tritonserver":
             os.kill(server, signal.SIGKILL)
         else:
-            os.kill(next(p for p in stubs_of(server) if "llm/1" in " ".join(_argv(p))), signal.SIGKILL)
+            os.kill(next(p for p in stubs_of(server) if is_llm_stub(p)), signal.SIGKILL)
         for t in threads:
             t.join(60)
             assert not t.is_alive(), "a stream hangs"
