@@ -3,7 +3,7 @@
     python -m backend.frontend.launcher [--http-port 8000 --grpc-port 8001 --metrics-port 8002]
 
 Used by scripts/serve.sh and by the integration tests (`start_server`). This process stays
-as the server's supervisor and HTTP edge (backend/frontend/edge.py): clients' HTTP reaches the edge on
+as the server's supervisor and HTTP edge (backend/frontend/edge/): clients' HTTP reaches the edge on
 --http-port, which enforces the body-size and nesting limits and forwards to Triton's own
 HTTP on a Unix socket in this process's private directory (mode 0700: no other local user can
 connect to it). gRPC and metrics are Triton's. Model control, the
@@ -69,7 +69,7 @@ ARGV_ENV_DIR = ROOT / ".cache" / "argv_env"  # argv_env.c built once per version
 
 @dataclass
 class Ports:
-    http: int = 8000  # what clients reach: the edge (backend/frontend/edge.py)
+    http: int = 8000  # what clients reach: the edge (backend/frontend/edge/)
     grpc: int = 8001
     metrics: int = 8002
 
@@ -439,8 +439,7 @@ class Supervisor:
         self.deadlines = StartDeadlines(start_timeout_s)  # each start's time to become ready
         self.workdir = Path(tempfile.mkdtemp(prefix="specserve-"))
         self.drain_file = self.workdir / "drain"
-        # The edge marks requests whose HTTP client left here; the model polls the marks (backend/frontend/edge.py
-        # CancelMarks). Removed with the workdir at exit.
+        # The edge marks requests whose HTTP client left here; the model polls the marks (backend/frontend/edge/cancel_marks.py). Removed with the workdir at exit.
         self.cancel_dir = self.workdir / "cancelled"
         self.cancel_dir.mkdir()
         self.refusals_file = self.workdir / "edge_refusals.json"  # the edge's counts, read by the model's metrics
@@ -539,7 +538,7 @@ class Supervisor:
               else "drain time is up", flush=True)
 
     async def run(self) -> int:
-        from . import edge
+        from .edge import proxy as edge
 
         loop = asyncio.get_running_loop()
         stop, hurry, draining, edge_stop, got = (asyncio.Event(), asyncio.Event(), asyncio.Event(),
@@ -648,7 +647,7 @@ def build_what_is_served(served: ServerConfig, model_repository: Path) -> None:
 
 
 def main(argv=None) -> int:
-    from .edge import MAX_BODY_BYTES, MAX_DEPTH, READ_TIMEOUT_S
+    from .edge.proxy import MAX_BODY_BYTES, MAX_DEPTH, READ_TIMEOUT_S
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
