@@ -157,7 +157,7 @@ def test_head_stream_true_and_stalled_clients():
     from aiohttp.test_utils import TestServer
 
     from backend.frontend.edge.proxy import serve
-    from backend.frontend.launcher import free_port
+    from backend.frontend.supervisor.launch import free_port
 
     methods = []
 
@@ -250,7 +250,7 @@ def edge_test(main):
     from aiohttp.test_utils import TestServer
 
     from backend.frontend.edge.proxy import serve
-    from backend.frontend.launcher import free_port
+    from backend.frontend.supervisor.launch import free_port
 
     fake = FakeTriton()
 
@@ -464,7 +464,7 @@ def test_an_unreachable_triton_is_a_503_logged_once_an_outage(caplog):
     import aiohttp
 
     from backend.frontend.edge.proxy import serve
-    from backend.frontend.launcher import free_port
+    from backend.frontend.supervisor.launch import free_port
 
     async def run():
         stop, port = asyncio.Event(), free_port()

@@ -1,0 +1,29 @@
+"""Before Triton starts: build what the served config names and set-up left out (model drafters,
+the served engine's profile), with progress, by `python -m build_engines.on_demand served` in a
+process of its own (the supervisor stays free of torch). SPECSERVE_BUILD_ON_DEMAND=0 skips it; the model then refuses a drafter that is not built with an
+error naming the command that builds it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ...served import served_needs
+from ...server_config import ServerConfig
+from .errors import LaunchError
+from .triton_command import ROOT
+
+
+def build_what_is_served(served: ServerConfig, model_repository: Path) -> None:
+    if os.environ.get("SPECSERVE_BUILD_ON_DEMAND", "1") == "0":
+        return
+    drafters, profiles = served_needs(served, ROOT)
+    if not (drafters or profiles):
+        return
+    print(f"the served config names what is not built yet ({', '.join(drafters + [p.name for _, p in profiles])}): "
+          "building it before serving", flush=True)
+    done = subprocess.run([sys.executable, "-m", "build_engines.on_demand", "served",
+                           f"--model-repository={model_repository}"], cwd=ROOT)
+    if done.returncode != 0:
+        raise LaunchError(f"building what the served config names failed (exit {done.returncode}; its output is above)")
