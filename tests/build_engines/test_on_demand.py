@@ -51,12 +51,14 @@ def test_the_served_model_drafters_are_built_before_serving(tmp_path, fake_build
     from backend.served import from_repository
 
     def build_what_is_served(repo):
-        build_served.build_what_is_served(from_repository(repo), repo)
+        build_served.build_what_is_served(from_repository(repo))
 
     def build_process(cmd, **kw):  # run in this one (so the fake build stands in): the same command line
         assert cmd[1:4] == ["-m", "build_engines.on_demand", "served"]
         return subprocess.CompletedProcess(cmd, on_demand.main(cmd[3:]))
     monkeypatch.setattr(build_served.subprocess, "run", build_process)
+    # it builds from the record the supervisor resolved: never the served config resolved a second time
+    monkeypatch.setattr(on_demand, "from_repository", lambda *a, **kw: pytest.fail("resolved the config again"))
     drafters = tmp_path / "drafters"
     (drafters / "code-drafter").mkdir(parents=True)
     (drafters / "code-drafter" / "config.json").write_text("{}")  # built already (full preset)

@@ -51,7 +51,7 @@ def prepare(args: argparse.Namespace) -> Supervisor:
     except Exception as e:  # noqa: BLE001 - unreadable or wrong: refused before anything starts, not when Triton loads it
         raise LaunchError(f"the served configuration ({args.model_repository / 'llm' / 'config.pbtxt'} and "
                           f"SPECSERVE_*) cannot be served: {e}") from e
-    build_what_is_served(served, args.model_repository)
+    build_what_is_served(served)
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
     cmd = server_command(args.model_repository, ports, bind=args.bind_address)
     if stop_orphan_servers(ports):
