@@ -16,6 +16,7 @@ from pathlib import Path
 from ...served import SERVED_ENV, write
 from ...server_config import ServerConfig
 from ...wire import INTERNAL_HEADER
+from .errors import LaunchError
 from .processes import TRITON_STOP_S, alive, signal_name, spawn
 from .restarts import MAX_RESTARTS, RESTART_WINDOW_S, RestartPolicy
 from .server_secrets import (UpstreamKeys, argv_env_library, fill_placeholders, private_socket_path, server_secrets,
@@ -29,7 +30,7 @@ DRAIN_S = float(os.environ.get("SPECSERVE_DRAIN_SECONDS") or 10)  # in-flight re
 
 class Supervisor:
     """Runs Triton (`cmd`) behind the HTTP edge; restarts Triton when it dies (bounded, with
-    backoff); on SIGTERM / SIGINT drains and stops both (module docstring)."""
+    backoff); on SIGTERM / SIGINT drains and stops both (the package's docstring)."""
 
     def __init__(self, cmd: list, served: ServerConfig, ports: Ports, max_body_bytes: int, max_depth: int, admin_key: str | None = None,
                  bind: str = "127.0.0.1", drain_s: float = DRAIN_S, max_restarts: int = MAX_RESTARTS,
@@ -42,7 +43,12 @@ class Supervisor:
         self.admin_key, self.keys = admin_key, UpstreamKeys.fresh()
         self.drain_s, self.restarts = drain_s, RestartPolicy(max_restarts, restart_window_s)
         self.deadlines = StartDeadlines(start_timeout_s)  # each start's time to become ready
-        self.workdir = Path(tempfile.mkdtemp(prefix="specserve-"))
+        self.workdir = Path(tempfile.mkdtemp(prefix="specserve-"))  # mode 0700
+        try:
+            self.http_socket = private_socket_path(self.workdir)
+        except LaunchError:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            raise
         self.drain_file = self.workdir / "drain"
         # The edge marks requests whose HTTP client left here; the model polls the marks
         # (backend/frontend/edge/cancel_marks.py). Removed with the workdir at exit.
@@ -55,7 +61,6 @@ class Supervisor:
                                "SPECSERVE_CANCEL_DIR": str(self.cancel_dir),
                                "SPECSERVE_EDGE_REFUSALS": str(self.refusals_file)})
         self.env.pop("SPECSERVE_ADMIN_KEY", None)  # Triton needs none of it
-        self.http_socket = private_socket_path(self.workdir)  # mkdtemp: mode 0700
         values = server_secrets(self.http_socket, self.keys)
         library = argv_env_library(ARGV_ENV_DIR) or argv_env_library(self.workdir)  # .cache read-only: build here
         if library is None:

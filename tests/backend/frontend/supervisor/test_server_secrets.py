@@ -54,3 +54,16 @@ def test_launch_problems_are_launch_errors(tmp_path, monkeypatch):
         server_command(Path("/m"), Ports(8000, 8001, 8002))
     with pytest.raises(LaunchError, match="too long for a Unix socket"):
         private_socket_path(tmp_path / ("d" * 120))
+
+
+def test_a_socket_path_too_long_stops_the_launch_and_leaves_no_directory(tmp_path, monkeypatch):
+    import tempfile
+
+    from backend.frontend.supervisor.lifecycle import Supervisor
+    from backend.server_config import ServerConfig
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    with pytest.raises(LaunchError, match="set TMPDIR shorter"):
+        Supervisor([], ServerConfig(), Ports(1, 2, 3), 1 << 20, 32)
+    assert list(deep.iterdir()) == []  # its private directory removed again
