@@ -3,8 +3,10 @@
 The launcher reads the `llm` model's config.pbtxt parameters with SPECSERVE_* over them
 (ServerConfig.load), checks the policy they name (a registered name, or a YAML file naming one
 with its parameters) and writes the result as one JSON record to a file of its own; Triton's
-models find it in SPECSERVE_SERVED and read it instead of parsing their parameters again, and the
-edge and the OpenAI API get the same record in the launcher's process. A config this cannot
+models find it in SPECSERVE_SERVED and read it instead of parsing their parameters again, the
+build of what it names gets it too (`python -m build_engines.on_demand served --served-record`,
+backend/frontend/supervisor/build_served.py), and the edge and the OpenAI API get the same record
+in the launcher's process. A config this cannot
 resolve stops the launch with its error, before anything is started. A model Triton loads without
 the launcher (no SPECSERVE_SERVED) resolves its own parameters the same way.
 

@@ -50,12 +50,12 @@ def error_kind(message: str) -> ErrorKind:
 
 
 # The HTTP edge's own id of a request the model computes: a `parameters` entry of /generate bodies,
-# a header Triton forwards on /infer (--http-header-forward-pattern; backend/frontend/launcher.py), which the
+# a header Triton forwards on /infer (--http-header-forward-pattern; backend/frontend/supervisor/triton_command.py), which the
 # unary model passes on to llm; the model's response sender watches for the edge's cancel mark.
 REQUEST_ID = "specserve_request_id"
 REQUEST_ID_HEADER = "specserve-request-id"
 REQUEST_ID_NAMES = (REQUEST_ID, REQUEST_ID_HEADER)  # either spelling, compared lower-cased
-# The header that opens Triton's restricted APIs over HTTP (checked by the edge; backend/frontend/launcher.py).
+# The header that opens Triton's restricted APIs over HTTP (checked by the edge; backend/frontend/supervisor/triton_command.py).
 ADMIN_HEADER = "specserve-admin-key"
 # The header with the per-start key that opens every other HTTP API of Triton: the edge adds it to
 # each request it forwards, so a local client that reaches Triton's private port directly gets 403.

@@ -64,7 +64,7 @@ def log(msg: str) -> None:
 @contextmanager
 def our_server(streams: int, env: dict, log_file):
     """The project's server (launcher: edge + Triton), as served by default unless `env` says."""
-    from backend.frontend.launcher import start_server
+    from backend.frontend.supervisor.launch import start_server
     proc, ports = start_server(env={"SPECSERVE_MAX_BATCH": str(max(32, streams)), **env}, log_file=log_file)
     try:
         yield f"http://127.0.0.1:{ports.http}"
@@ -83,7 +83,7 @@ def peer_command(binary: Path, gguf: Path, port: int, slots: int, threads: int, 
 @contextmanager
 def peer_server(binary: Path, gguf: Path, streams: int, extra, log_file, ready_timeout_s: float = 120):
     """llama-server on a free loopback port, ready (model loaded) when this yields its URL."""
-    from backend.frontend.launcher import free_port, wait_http_ok
+    from backend.frontend.supervisor.launch import free_port, wait_http_ok
     port = free_port()
     cmd = peer_command(binary, gguf, port, max(32, streams), os.cpu_count() or 1, extra)
     proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)

@@ -274,7 +274,7 @@ def part_b(max_tokens: int, concurrencies, window: float, model_drafters: bool =
     the arms run round-robin that many times and each ratio is taken against plain decoding
     of the same round (the host's speed drifts by 10-20% over minutes on shared machines);
     the rows are then the per-(arm, concurrency) medians, with every round's ratio listed."""
-    from backend.frontend.launcher import start_server
+    from backend.frontend.supervisor.launch import start_server
 
     if repeated:
         pool = list(COPY_HEAVY.values()) + list(FREE_FORM.values())

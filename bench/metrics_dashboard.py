@@ -42,7 +42,7 @@ def start_prometheus(target: str, workdir: Path):
     binary = shutil.which("prometheus")
     if binary is None:
         raise SystemExit("prometheus not found: apt-get install prometheus")
-    from backend.frontend.launcher import free_port
+    from backend.frontend.supervisor.launch import free_port
     port = free_port()
     config = workdir / "prometheus.yml"
     config.write_text(f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"

@@ -102,9 +102,10 @@ def metrics(address: str) -> dict:
 
 def model_stub_pid(grpc_port: int) -> int | None:
     """The `llm` stub of the tritonserver listening on this gRPC port."""
-    from backend.frontend.launcher import _proc_argv, _stubs
-    for pid, argv in _stubs():
-        if "/llm/1/" in argv[1] and f"--grpc-port={grpc_port}" in _proc_argv(int(argv[5])):
+    from backend.frontend.supervisor.processes import proc_argv
+    from backend.frontend.supervisor.stubs import stub_processes
+    for pid, argv in stub_processes():
+        if "/llm/1/" in argv[1] and f"--grpc-port={grpc_port}" in proc_argv(int(argv[5])):
             return pid
     return None
 
@@ -193,7 +194,7 @@ def main(argv=None) -> int:
     if args.grpc:
         grpc, metrics_address = args.grpc, args.metrics or args.grpc.rsplit(":", 1)[0] + ":8002"
     else:
-        from backend.frontend.launcher import start_server
+        from backend.frontend.supervisor.launch import start_server
         env = dict(SERVER_ENV, SPECSERVE_MAX_BATCH=str(min(32, args.streams)))
         print(f"starting a server ({env}) ...", flush=True)
         proc, ports = start_server(env=env)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Iterable, List, Optional, Sequence
 
 from backend.drafters.artifacts import find_artifact, model_drafter
-from backend.served import from_repository, served_needs
+from backend.served import from_repository, read, served_needs
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache"
@@ -157,6 +157,9 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     sub.add_parser("llama-server", help="llama.cpp's own server, the peer of bench/bench_peer.py")
     s = sub.add_parser("served", help="what the served config (model_repository/llm, SPECSERVE_*) names")
     s.add_argument("--model-repository", type=Path, default=ROOT / "model_repository")
+    s.add_argument("--served-record", type=Path, default=None,
+                   help="the served config the supervisor resolved (backend/served.py's record): built as it is, "
+                        "not resolved again from --model-repository")
     a = ap.parse_args(list(argv) if argv is not None else None)
     if a.what == "drafters":
         for name in a.names:
@@ -169,7 +172,7 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     elif a.what == "llama-server":
         log(f"llama-server: {llama_server()}")
     else:
-        ensure_served(from_repository(a.model_repository), ROOT)
+        ensure_served(read(a.served_record) if a.served_record else from_repository(a.model_repository), ROOT)
     return 0
 
 

@@ -15,7 +15,7 @@ The model cache is a volume mounted at /cache (models/, drafters/, profiles/); t
 model_repository/llm/config.pbtxt and configs/policies/*.yaml resolves unchanged. The Triton
 binaries stay in the image (`<project>/.cache/triton`), never in the volume.
 
-`serve` runs the same server as scripts/serve.sh: backend/frontend/launcher.py, the supervisor (drain on
+`serve` runs the same server as scripts/serve.sh: backend/frontend/supervisor/, the supervisor (drain on
 SIGTERM, Triton restarted if it dies, leftovers cleaned) with the HTTP edge (limits, admin key)
 in front of Triton, never a bare tritonserver with its own HTTP port public. The one difference:
 inside a container the edge, gRPC and metrics listen on all interfaces (SPECSERVE_BIND_ADDRESS,
@@ -44,8 +44,8 @@ def env_int(name: str, default: int) -> int:
 
 
 def serve_command() -> list:
-    """The supervisor's command line (backend/frontend/launcher.py), listening on SPECSERVE_BIND_ADDRESS."""
-    return [sys.executable, "-m", "backend.frontend.launcher", f"--http-port={env_int('HTTP_PORT', 8000)}",
+    """The supervisor's command line (backend/frontend/supervisor/), listening on SPECSERVE_BIND_ADDRESS."""
+    return [sys.executable, "-m", "backend.frontend.supervisor", f"--http-port={env_int('HTTP_PORT', 8000)}",
             f"--grpc-port={env_int('GRPC_PORT', 8001)}", f"--metrics-port={env_int('METRICS_PORT', 8002)}",
             f"--model-repository={ROOT / 'model_repository'}",
             f"--bind-address={os.environ.get('SPECSERVE_BIND_ADDRESS') or '0.0.0.0'}"]

@@ -1,5 +1,5 @@
 """Step 2 of scripts/setup.sh, for the CPU image: NVIDIA's Triton Inference Server 2.51 from the
-`nvidia-pytriton` wheel, assembled the way the launcher (backend/frontend/launcher.py) expects it.
+`nvidia-pytriton` wheel, assembled the way the supervisor (backend/frontend/supervisor/triton_command.py) expects it.
 
     python docker/install_triton.py nvidia-pytriton==0.7.0 /opt/specserve/.cache/triton
 

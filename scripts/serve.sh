@@ -4,4 +4,4 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
-cd "$ROOT" && exec .venv/bin/python -m backend.frontend.launcher "$@"
+cd "$ROOT" && exec .venv/bin/python -m backend.frontend.supervisor "$@"

@@ -5,7 +5,7 @@ import urllib.request
 from contextlib import contextmanager
 
 from backend.frontend import prometheus_text
-from backend.frontend.launcher import start_server
+from backend.frontend.supervisor.launch import start_server
 
 
 class Server:

@@ -159,7 +159,7 @@ def test_only_the_triton_adapters_import_triton_python_backend_utils():
 
 def test_what_the_launcher_checks_a_config_with_imports_no_torch():
     assert "(`served_policy.py`, torch-free like `served.py`, `manifest.py` and `drafters/artifacts.py`" in ARCHITECTURE
-    code = ("import sys, backend.served, backend.frontend.launcher; "
+    code = ("import sys, backend.served, backend.frontend.supervisor.cli; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -1,5 +1,6 @@
-"""What a request body must be before the edge reads it as JSON: its content coding and its
-media type. backend/frontend/http_body.py reads bodies through these checks.
+"""What a request body must be before the edge reads it as JSON (backend/frontend/http_body.py):
+at most a size limit, sent within a time limit (read_body), in a content coding this server
+decodes and a media type the interface takes.
 
 Content coding (`Content-Encoding`, RFC 9110 8.4): identity, gzip (x-gzip), deflate and br are
 decoded here (the edge, not aiohttp, so every refusal is the interface's own error): a coding
@@ -32,8 +33,11 @@ True
 """
 from __future__ import annotations
 
+import asyncio
 import zlib
 from typing import Optional
+
+from aiohttp import web
 
 from .http_body import EdgeError
 
@@ -67,6 +71,26 @@ def check_media_type(header: Optional[str], accepted: frozenset) -> None:
     problem = media_type_problem(header, accepted)
     if problem is not None:
         raise EdgeError(415, problem)
+
+
+async def read_body(request: web.Request, limit: int, timeout_s: float | None = None) -> bytes:
+    """The body, at most `limit` bytes (EdgeError(413) beyond, read no further), within `timeout_s`
+    seconds (EdgeError(408) after: a client that stalls holds no connection forever; answer it
+    with close_after), its Content-Encoding undone (EdgeError 400 / 413 / 415: decode_content)."""
+    if request.content_length is not None and request.content_length > limit:
+        raise EdgeError(413, f"the request body is {request.content_length} bytes; this server accepts "
+                             f"at most {limit}")
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.content.iter_chunked(1 << 16):
+                size += len(chunk)
+                if size > limit:
+                    raise EdgeError(413, f"the request body exceeds {limit} bytes, the most this server accepts")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise EdgeError(408, f"the request body did not arrive within {timeout_s:g} s") from None
+    return decode_content(b"".join(chunks), request.headers.get("Content-Encoding"), limit)
 
 
 def decode_content(raw: bytes, coding: Optional[str], limit: int) -> bytes:

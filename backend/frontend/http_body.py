@@ -1,9 +1,8 @@
-"""HTTP request bodies as the edge and the OpenAI layer read them: a size limit, a time limit,
-its content coding undone (backend/frontend/body_format.py), JSON in UTF-8 with a depth limit and
-valid Unicode, and the error (status, message) a refused body gets."""
+"""The JSON of an HTTP request body as the edge and the OpenAI API read it: in UTF-8, within a
+depth limit, valid Unicode; and the error (status, message) a refused body gets, EdgeError, which
+the body's bytes raise too (backend/frontend/body_format.py reads them)."""
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 
@@ -84,28 +83,6 @@ def parse_json(raw: bytes, max_depth: int):
 def surrogate_message(where: str) -> str:
     return (f"{where} is not valid Unicode: it holds a lone surrogate (a UTF-16 half such as \\ud800 without "
             "the \\udc00-\\udfff that must follow it)")
-
-
-async def read_body(request: web.Request, limit: int, timeout_s: float | None = None) -> bytes:
-    """The body, at most `limit` bytes (EdgeError(413) beyond, read no further), within `timeout_s`
-    seconds (EdgeError(408) after: a client that stalls holds no connection forever; answer it
-    with close_after), its Content-Encoding undone (EdgeError 400 / 413 / 415: body_format)."""
-    from .body_format import decode_content  # (it raises this module's EdgeError)
-
-    if request.content_length is not None and request.content_length > limit:
-        raise EdgeError(413, f"the request body is {request.content_length} bytes; this server accepts "
-                             f"at most {limit}")
-    chunks, size = [], 0
-    try:
-        async with asyncio.timeout(timeout_s):
-            async for chunk in request.content.iter_chunked(1 << 16):
-                size += len(chunk)
-                if size > limit:
-                    raise EdgeError(413, f"the request body exceeds {limit} bytes, the most this server accepts")
-                chunks.append(chunk)
-    except TimeoutError:
-        raise EdgeError(408, f"the request body did not arrive within {timeout_s:g} s") from None
-    return decode_content(b"".join(chunks), request.headers.get("Content-Encoding"), limit)
 
 
 async def close_after(request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:

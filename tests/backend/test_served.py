@@ -57,15 +57,15 @@ def test_a_misspelt_policy_is_refused(params, words):
 def test_the_launcher_refuses_a_misspelt_policy_before_starting_anything(tmp_path, monkeypatch, capsys):
     """Before, the launcher's pre-check passed a policy name unchecked and Triton started, to fail
     when it loaded the model."""
-    from backend.frontend import launcher
+    from backend.frontend.supervisor import cli
     repo = write_repository(tmp_path / "repo", policy="compsite")
 
     def started(*a, **kw):
         raise AssertionError("the launcher went on to start Triton")
     for name in ("Supervisor", "stop_orphan_servers", "reap_stubs"):
-        monkeypatch.setattr(launcher, name, started)
+        monkeypatch.setattr(cli, name, started)
     monkeypatch.setenv("SPECSERVE_BUILD_ON_DEMAND", "0")
-    assert launcher.main([f"--model-repository={repo}", "--http-port=1", "--grpc-port=2", "--metrics-port=3"]) == 2
+    assert cli.main([f"--model-repository={repo}", "--http-port=1", "--grpc-port=2", "--metrics-port=3"]) == 2
     assert "cannot be served: unknown policy 'compsite'; did you mean 'composite'?" in capsys.readouterr().err
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from backend import wire
-from backend.frontend.edge import status_for_model_error
+from backend.frontend.edge.errors import status_for_model_error
 from backend.frontend.openai.errors import model_error
 from backend.wire import ErrorKind, error_kind
 

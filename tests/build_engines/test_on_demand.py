@@ -2,6 +2,7 @@
 model drafters and profiles (before Triton starts), with a clear error naming the command when
 building on demand is switched off."""
 import json
+import subprocess
 import threading
 import time
 
@@ -46,13 +47,18 @@ def test_model_drafter_names():
 def test_the_served_model_drafters_are_built_before_serving(tmp_path, fake_build, monkeypatch):
     """The launcher's pre-flight: drafters the config names and nobody built are built, with the
     preset SPECSERVE_DRAFTER_PRESET names; registered drafters and built ones are left alone."""
-    from backend.frontend import launcher
+    from backend.frontend.supervisor import build_served
     from backend.served import from_repository
 
     def build_what_is_served(repo):
-        launcher.build_what_is_served(from_repository(repo), repo)
-    # its build process, run in this one (so the fake build stands in): the same command line
-    monkeypatch.setattr(launcher.subprocess, "run", lambda cmd, **kw: on_demand.main(cmd[3:]))
+        build_served.build_what_is_served(from_repository(repo))
+
+    def build_process(cmd, **kw):  # run in this one (so the fake build stands in): the same command line
+        assert cmd[1:4] == ["-m", "build_engines.on_demand", "served"]
+        return subprocess.CompletedProcess(cmd, on_demand.main(cmd[3:]))
+    monkeypatch.setattr(build_served.subprocess, "run", build_process)
+    # it builds from the record the supervisor resolved: never the served config resolved a second time
+    monkeypatch.setattr(on_demand, "from_repository", lambda *a, **kw: pytest.fail("resolved the config again"))
     drafters = tmp_path / "drafters"
     (drafters / "code-drafter").mkdir(parents=True)
     (drafters / "code-drafter" / "config.json").write_text("{}")  # built already (full preset)

@@ -413,7 +413,7 @@ def third_party_imports(*modules) -> set:
 
 def test_gpu_image_installs_what_the_launcher_the_edge_and_the_trtllm_model_import():
     check_image = load_check_image()
-    imported = third_party_imports("backend.frontend.launcher", "backend.frontend.edge", "backend.frontend.openai.routes",
+    imported = third_party_imports("backend.frontend.supervisor.cli", "backend.frontend.edge.proxy", "backend.frontend.openai.routes",
                                    "backend.frontend.triton_models.model", "backend.services.trtllm.serving")
     assert {"aiohttp", "tritonclient", "jinja2", "torch", "transformers"} <= imported
     provided = {check_image.norm(n) for n in check_image.RELIED_ON} | \
@@ -444,8 +444,8 @@ def test_gpu_image_serves_through_the_launcher_with_the_images_own_triton(tmp_pa
     links = dict(reversed(m) for m in re.findall(r"ln -s (/opt/tritonserver\S*) (\.cache/triton/\S+)", runs))
     assert links == {".cache/triton/pytriton/tritonserver": "/opt/tritonserver",
                      ".cache/triton/backends": "/opt/tritonserver/backends"}
-    # the launcher, given that layout, starts the image's tritonserver with the image's backends
-    from backend.frontend import launcher
+    # the supervisor, given that layout, starts the image's tritonserver with the image's backends
+    from backend.frontend.supervisor import triton_command
     opt = tmp_path / "opt" / "tritonserver"
     (opt / "bin").mkdir(parents=True)
     (opt / "bin" / "tritonserver").write_text("")
@@ -454,8 +454,8 @@ def test_gpu_image_serves_through_the_launcher_with_the_images_own_triton(tmp_pa
     for link, target in links.items():
         (tmp_path / link).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / link).symlink_to(tmp_path / target.lstrip("/"))
-    monkeypatch.setattr(launcher, "TRITON", triton)
-    cmd = launcher.server_command(Path("/m"), launcher.Ports(8000, 8001, 8002), bind="0.0.0.0")
+    monkeypatch.setattr(triton_command, "TRITON", triton)
+    cmd = triton_command.server_command(Path("/m"), triton_command.Ports(8000, 8001, 8002), bind="0.0.0.0")
     assert Path(cmd[0]).resolve() == (opt / "bin" / "tritonserver").resolve()
     backends = next(a for a in cmd if a.startswith("--backend-directory=")).split("=", 1)[1]
     assert Path(backends).resolve() == (opt / "backends").resolve()
@@ -509,7 +509,7 @@ def test_entrypoint_serves_through_the_launcher_on_all_interfaces(entrypoint, mo
     for name in ("SPECSERVE_BIND_ADDRESS", "HTTP_PORT", "GRPC_PORT", "METRICS_PORT"):
         monkeypatch.delenv(name, raising=False)
     cmd = entrypoint.serve_command()
-    assert cmd[:3] == [sys.executable, "-m", "backend.frontend.launcher"]
+    assert cmd[:3] == [sys.executable, "-m", "backend.frontend.supervisor"]
     assert not any("tritonserver" in a for a in cmd)
     assert cmd[3:] == ["--http-port=8000", "--grpc-port=8001", "--metrics-port=8002",
                        f"--model-repository={entrypoint.ROOT / 'model_repository'}", "--bind-address=0.0.0.0"]
@@ -517,13 +517,13 @@ def test_entrypoint_serves_through_the_launcher_on_all_interfaces(entrypoint, mo
     monkeypatch.setenv("HTTP_PORT", "9000")
     cmd = entrypoint.serve_command()
     assert "--bind-address=127.0.0.1" in cmd and "--http-port=9000" in cmd
-    from backend.frontend import launcher  # the launcher reads what the entrypoint passes
+    from backend.frontend.supervisor import cli, triton_command  # the supervisor reads what the entrypoint passes
     args = {a.split("=")[0] for a in cmd[3:]}
-    src = Path(launcher.__file__).read_text()
+    src = Path(cli.__file__).read_text()
     assert all(f'"{a}"' in src for a in args), args
     # and its Triton keeps HTTP on a private Unix socket (behind the edge) while gRPC and metrics follow --bind-address
-    tcmd = launcher.server_command(Path("/m"), launcher.Ports(8000, 8001, 8002), bind="0.0.0.0") \
-        if (launcher.TRITON / "pytriton").exists() else None
+    tcmd = triton_command.server_command(Path("/m"), triton_command.Ports(8000, 8001, 8002), bind="0.0.0.0") \
+        if (triton_command.TRITON / "pytriton").exists() else None
     if tcmd is not None:
         assert "--http-address=unix:@SPECSERVE_ARG_HTTP_SOCKET@" in tcmd and "--grpc-address=0.0.0.0" in tcmd
         assert "--metrics-address=0.0.0.0" in tcmd

@@ -3,7 +3,7 @@
 Against the real server (launcher: HTTP edge + Triton), with its own small limits: every
 hostile request gets the right status class and a message naming the problem, the server is
 healthy afterwards, and a well-behaved streaming request running alongside completes
-normally. Without the edge (backend/frontend/edge.py) the 40,000-deep body and the 4 MiB upload kill
+normally. Without the edge (backend/frontend/edge/) the 40,000-deep body and the 4 MiB upload kill
 Triton 2.51 (SIGSEGV), so those cases fail.
 """
 import gzip
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from backend.frontend.launcher import unix_http
+from backend.frontend.supervisor.server_secrets import unix_http
 from server_helpers import running_server
 from test_server import Stream, grpc_generate
 
@@ -364,7 +364,7 @@ def _leave(c: http.client.HTTPConnection) -> None:
 @pytest.mark.parametrize("path", [GEN, GEN + "_stream"], ids=["generate", "generate_stream"])
 def test_http_client_that_leaves_while_waiting_is_dropped_before_it_runs(hostile, path):
     """Triton 2.51 notices a gone HTTP client only when it writes to it: a request waiting behind
-    a full batch would still be computed. The edge marks it cancelled (backend/frontend/edge.py CancelMarks),
+    a full batch would still be computed. The edge marks it cancelled (backend/frontend/edge/cancel_marks.py),
     so it is dropped from the queue like a cancelled gRPC stream, never prefilled."""
     hostile.wait_metric('specserve_sequences{state="running"}', lambda v: v == 0)
     hostile.wait_metric('specserve_sequences{state="waiting"}', lambda v: v == 0)

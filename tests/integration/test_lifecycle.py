@@ -1,14 +1,12 @@
 """The server's lifecycle under the launcher (issue 20): a clean stop under load, a restart
 after Triton dies (503 with Retry-After meanwhile, and never giving up), a clean start after the
 launcher itself was killed, and no key or private port on any command line. Each test starts its
-own server (backend/frontend/launcher.py) with small limits."""
+own server (backend/frontend/supervisor/) with small limits."""
 import http.client
 import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -16,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from backend.frontend.launcher import (SHM_PREFIX, TRITON_STOP_S, Ports, Supervisor, _alive, _stubs,
-                                       argv_env_library, launch_server, start_server)
-from backend.server_config import ServerConfig
+from backend.frontend.supervisor.launch import launch_server, start_server
+from backend.frontend.supervisor.processes import TRITON_STOP_S, alive
+from backend.frontend.supervisor.stubs import SHM_PREFIX, stub_processes
+from backend.frontend.supervisor.triton_command import Ports
 from test_server import Stream, grpc_generate
 
 DRAIN_S = 3
@@ -46,15 +45,15 @@ def triton_pid(launcher_pid: int) -> int:
 
 def stubs_of(server_pid: int) -> dict:
     """pid -> shared-memory region of each Python-backend stub of this tritonserver."""
-    return {pid: Path(argv[2]).name for pid, argv in _stubs() if argv[5] == str(server_pid)}
+    return {pid: Path(argv[2]).name for pid, argv in stub_processes() if argv[5] == str(server_pid)}
 
 
 def assert_gone(server_pid: int, stubs: dict, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and (_alive(server_pid) or any(_alive(p) for p in stubs)):
+    while time.monotonic() < deadline and (alive(server_pid) or any(alive(p) for p in stubs)):
         time.sleep(0.2)
-    assert not _alive(server_pid), "tritonserver outlived its launcher"
-    assert not [p for p in stubs if _alive(p)], "an orphaned Python-backend stub is left"
+    assert not alive(server_pid), "tritonserver outlived its launcher"
+    assert not [p for p in stubs if alive(p)], "an orphaned Python-backend stub is left"
     left = [r for r in stubs.values() if (Path("/dev/shm") / r).exists()]
     assert not left, f"shared-memory regions left: {left}"
 
@@ -228,32 +227,6 @@ def test_after_sigkill_of_the_launcher_the_next_start_is_clean():
         stop(second)
 
 
-def test_restarts_never_give_up_by_default(tmp_path):
-    """A crash loop (a local client killing Triton again and again) slows restarts down to one
-    every 30 s but never ends the service; SPECSERVE_MAX_RESTARTS = n > 0 gives up after n."""
-    import shutil
-
-    for max_restarts, delays in [(0, [1, 2, 4, 8, 16, 30, 30, 30]), (2, [1, 2, None])]:
-        sup = Supervisor([], ServerConfig(), Ports(1, 2, 3), 1 << 20, 32, max_restarts=max_restarts)
-        shutil.rmtree(sup.workdir)
-        assert [sup._restart_delay() for _ in delays] == delays
-
-
-def test_argv_env_fills_placeholders_that_ps_does_not_show(tmp_path):
-    library = argv_env_library(tmp_path)
-    assert library is not None, "needs a C compiler"
-    built = library.stat().st_mtime_ns
-    assert argv_env_library(tmp_path) == library and library.stat().st_mtime_ns == built  # built once
-    assert [f.name for f in tmp_path.iterdir()] == [library.name]
-    show = ("import os, sys; print(sys.argv[1:], open('/proc/self/cmdline', 'rb').read().split(b'\\0')[3:5], "
-            "os.environ.get('SPECSERVE_ARG_KEY'), os.environ.get('LD_PRELOAD'))")
-    out = subprocess.run([sys.executable, "-c", show, "--key=a:@SPECSERVE_ARG_KEY@", "--port=@SPECSERVE_ARG_PORT@"],
-                         env=dict(os.environ, LD_PRELOAD=str(library), SPECSERVE_ARG_KEY="s3cret", SPECSERVE_ARG_PORT="99"),
-                         capture_output=True, text=True, check=True).stdout
-    assert out.strip() == ("['--key=a:s3cret', '--port=99'] [b'--key=a:@SPECSERVE_ARG_KEY@', "
-                           "b'--port=@SPECSERVE_ARG_PORT@'] None None"), out
-
-
 def test_admin_key_is_on_no_command_line(log_path):
     """Nor Triton's internal keys or its private HTTP socket (read from its log here)."""
     key = "adm1n-" + os.urandom(8).hex()
@@ -295,10 +268,10 @@ def llm_stub_of(launcher_pid: int, old_server: int | None = None, timeout: float
     is still loading the model (`pgrep -f model_repository/llm/1/model.py`); not old_server's."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for pid, argv in _stubs():
+        for pid, argv in stub_processes():
             server = int(argv[5]) if argv[5].isdigit() else 0
-            if server != old_server and "model_repository/llm/1/model.py" in argv[1] and _alive(pid) \
-                    and _alive(server) and _ppid(server) == launcher_pid:
+            if server != old_server and "model_repository/llm/1/model.py" in argv[1] and alive(pid) \
+                    and alive(server) and _ppid(server) == launcher_pid:
                 return server, pid
         time.sleep(0.02)
     raise AssertionError("no stub of the llm model appeared")
@@ -353,7 +326,7 @@ def test_a_stub_that_hangs_or_dies_while_triton_loads_is_restarted(log_path):
         assert_loading(ports)
         wait_log(log_path, f"tritonserver was not ready {start_timeout} s after it started", start_timeout + 30)
         took = wait_ready(ports, 300)
-        assert triton_pid(proc.pid) != server and not _alive(stub)
+        assert triton_pid(proc.pid) != server and not alive(stub)
         print(f"llm stub stopped while loading: ready {took:.1f} s after the deadline")
 
         old = triton_pid(proc.pid)
@@ -503,52 +476,3 @@ def test_many_restarts_under_client_traffic(log_path):
         for t in clients:
             t.join(120)
         stop(proc)
-
-
-def test_triton_is_started_without_fork_handlers(tmp_path):
-    """No fork handler (gRPC's are C-level pthread_atfork ones) and no Python runs in the child
-    when the supervisor starts Triton: it used fork + a preexec_fn."""
-    import ctypes
-
-    source = tmp_path / "atfork.c"
-    source.write_text("#include <pthread.h>\nint prepared;\nstatic void prepare(void) { prepared++; }\n"
-                      "__attribute__((constructor)) static void init(void) { pthread_atfork(prepare, 0, 0); }\n")
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tmp_path / "atfork.so"), str(source)], check=True)
-    counter = ctypes.c_int.in_dll(ctypes.CDLL(str(tmp_path / "atfork.so")), "prepared")
-    python_hooks, watching = [], [True]
-    os.register_at_fork(before=lambda: watching[0] and python_hooks.append(1))  # (cannot be unregistered)
-    sup = Supervisor(["/bin/sh", "-c", "exit 7"], ServerConfig(), Ports(1, 2, 3), 1 << 20, 32)
-    try:
-        for _ in range(3):
-            assert sup._start().wait(10) == 7
-    finally:
-        watching[0] = False
-        import shutil
-        shutil.rmtree(sup.workdir)
-    assert (counter.value, python_hooks) == (0, [])
-
-
-def test_triton_dies_with_its_launcher(tmp_path):
-    """argv_env.c's PR_SET_PDEATHSIG: Triton (here a sleep started the same way) is killed when the
-    process that started it dies however it dies, and at once if that one died before it ran."""
-    library = argv_env_library(tmp_path)
-    parent = ("import os, sys, time; from backend.frontend.launcher import spawn; "
-              "env = dict(os.environ, LD_PRELOAD=sys.argv[1], SPECSERVE_PARENT_PID=sys.argv[2] or str(os.getpid())); "
-              "print(spawn(['sleep', '60'], env).pid, flush=True); time.sleep(60)")
-    for named in ("", "1"):  # its real parent; a pid that is not its parent (that one died first)
-        launcher = subprocess.Popen([sys.executable, "-c", parent, str(library), named], stdout=subprocess.PIPE,
-                                    text=True, cwd=Path(__file__).resolve().parents[2])
-        try:
-            child = int(launcher.stdout.readline())
-            if not named:
-                time.sleep(0.5)
-                assert _alive(child)
-                launcher.kill()
-                launcher.wait()
-            deadline = time.monotonic() + 5
-            while _alive(child) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert not _alive(child), f"the child outlived its parent (SPECSERVE_PARENT_PID={named or 'its parent'})"
-        finally:
-            launcher.kill()
-            launcher.wait()

@@ -6,7 +6,7 @@ import signal
 import tempfile
 from pathlib import Path
 
-from backend.frontend.launcher import start_server
+from backend.frontend.supervisor.launch import start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAMS, DURATION_S, RSS_GROWTH_MIB = 16, 60, 48

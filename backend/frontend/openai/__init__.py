@@ -1,6 +1,6 @@
 """An OpenAI-compatible API on the HTTP edge: /v1/chat/completions, /v1/completions, /v1/models.
 
-Mounted by backend/frontend/edge.py on the edge's port (8000); it speaks to Triton's `llm` model over
+Mounted by backend/frontend/edge/proxy.py on the edge's port (8000); it speaks to Triton's `llm` model over
 gRPC streaming with tritonclient's asyncio client, so every OpenAI request joins the same
 continuously batched engine loop as the Triton protocols. A chat request's messages are
 rendered with the served checkpoint's own chat template (`chat_template.jinja` or

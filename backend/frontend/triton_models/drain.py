@@ -13,7 +13,7 @@ log = logging.getLogger("specserve")
 
 
 class DrainWatcher:
-    """Shutdown begins when the launcher (backend/frontend/launcher.py) writes the file named by
+    """Shutdown begins when the supervisor (backend/frontend/supervisor/lifecycle.py) writes the file named by
     SPECSERVE_DRAIN_FILE, holding the seconds in-flight requests may still run. From then on
     the model refuses new requests on every protocol (UNAVAILABLE, "server shutting down"),
     and the service lets those in flight finish for that long, then fails the rest; once nothing

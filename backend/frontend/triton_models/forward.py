@@ -116,7 +116,7 @@ def join_responses(outputs: list, prefix=b"") -> dict:
 
 
 def request_id(request):
-    """The HTTP edge's id of the request (backend/frontend/edge.py): a header Triton forwards as a parameter
+    """The HTTP edge's id of the request (backend/frontend/edge/proxy.py): a header Triton forwards as a parameter
     on /infer, or a body parameter on /generate. Passed on to llm, which watches for its cancel mark
     (backend/frontend/triton_models/responses.py MarkedSender): Triton 2.51 does not tell a model when an HTTP client leaves."""
     try:

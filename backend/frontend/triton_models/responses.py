@@ -48,7 +48,7 @@ class ResponseGroup:
 
 
 def cancel_mark(request) -> Optional[str]:
-    """The file the HTTP edge creates if this request's client leaves (backend/frontend/edge.py CancelMarks),
+    """The file the HTTP edge creates if this request's client leaves (backend/frontend/edge/cancel_marks.py),
     or None: no edge id (gRPC, or a server without the edge)."""
     directory = os.environ.get("SPECSERVE_CANCEL_DIR")
     if not directory:

@@ -1,4 +1,4 @@
-"""The supervisor's watch over one Triton start (backend/frontend/launcher.py), in every state:
+"""The supervisor's watch over one Triton start (lifecycle.py), in every state:
 whether to restart it, and why.
 
 - Starting (not ready yet): a Python-backend stub of this Triton that died (a zombie it has not

@@ -1,4 +1,4 @@
-/* Preloaded into tritonserver by backend/frontend/launcher.py (LD_PRELOAD): before main() reads its
+/* Preloaded into tritonserver by the supervisor (backend/frontend/supervisor/, LD_PRELOAD): before main() reads its
  * arguments, each "@SPECSERVE_ARG_<NAME>@" in them is replaced by the environment variable
  * SPECSERVE_ARG_<NAME>, which is then removed (with LD_PRELOAD, so Triton's children see neither).
  *

@@ -1,59 +1,26 @@
-"""The HTTP edge: the one HTTP port clients reach; Triton's own HTTP listens behind it on a
-Unix socket no other local user can reach (started by backend/frontend/launcher.py), every API
-of it closed to requests without the per-start key the edge adds (INTERNAL_HEADER).
-
-Triton 2.51's HTTP front end has no request-size or nesting limit, and dies (SIGSEGV) on some
-bodies of about 4 MiB and on JSON nested 40,000 deep (issue 20), and it answers 500 for
-client mistakes it finds while parsing (malformed JSON, wrong JSON types). So before anything
-reaches Triton the edge
-
-- refuses a body over `max_body_bytes` (413, also once its Content-Encoding is undone), JSON
-  nested deeper than `max_depth` or holding a lone UTF-16 surrogate (400), a body that does not
-  match its Content-Encoding (400), a content coding or media type the interface does not take, a
-  body in UTF-16 (415; backend/frontend/body_format.py), headers over MAX_HEADER_BYTES (431), and a
-  client slower than `read_timeout_s` to send its headers (the connection is closed) or its body
-  (408, and closed), each in the interface's own error shape (refusal);
-- on the generate endpoints and /infer, refuses what Triton would answer 500 for or silently
-  wrap (a body that is not a JSON object, `inputs` that is no array, a negative or fractional
-  shape, a value of the wrong JSON type, an integer outside its tensor type such as max_tokens
-  2^32+8, which INT32 would wrap to 8) with 400 naming the field, a generate field that is no
-  input of the model (Triton would pass it on as a parameter the model never reads), as Triton
-  itself refuses an unknown input on /infer and gRPC, and `stream: true` on /generate (Triton
-  answers 200 with an error body: streaming is /generate_stream's);
-- answers HEAD with what GET would, without the body (Triton 2.51 drops HEAD connections);
-- sends /infer on the decoupled models (llm, ensemble, tensorrt_llm_bls; tensorrt_llm), which Triton refuses
-  with 501, to their unary twins llm_unary / tensorrt_llm_unary (model_repository/) on the same engine;
-- gives the model's own errors their status: Triton 2.51 answers 400 for every error a
-  decoupled model sends, so "server overloaded" becomes 503 (with Retry-After) and
-  "internal error" 500;
-- passes everything else through unchanged, streaming included (a client that disconnects
-  closes the upstream connection, which cancels its request; a stream Triton stops sending, say
-  because it crashed, ends with an error event, not a cut);
-- tells the model when a client leaves before its response is complete (CancelMarks): Triton
-  2.51's HTTP front end notices only when it next writes to it, so a request still waiting in
-  the queue, or a /generate still generating, would otherwise run to its end.
-"""
+"""The edge's proxy: the HTTP port clients reach, which reads and checks what comes in, adds
+Triton's keys and forwards it to Triton's own HTTP on its private Unix socket (the package's
+docstring says what it refuses and why)."""
 from __future__ import annotations
 
 import asyncio
 import hmac
 import json
 import logging
-import math
 import re
-import time
 import uuid
-from pathlib import Path
 from typing import Optional
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, UnixConnector, web
 
-from .body_format import OPENAI_TYPES, TRITON_TYPES, check_media_type
-from .http_body import EdgeError, close_after, parse_json, read_body
-from .metrics import EdgeRefusals
-from ..server_config import ServerConfig
-from ..wire import (ADMIN_HEADER, INTERNAL_HEADER, REQUEST_ID, REQUEST_ID_HEADER, REQUEST_ID_NAMES, STREAM_BROKEN,
-                    ErrorKind, error_kind)
+from ..body_format import OPENAI_TYPES, TRITON_TYPES, check_media_type, read_body
+from ..http_body import EdgeError, close_after, parse_json
+from ..metrics import EdgeRefusals
+from ...server_config import ServerConfig
+from ...wire import ADMIN_HEADER, INTERNAL_HEADER, REQUEST_ID, REQUEST_ID_HEADER, STREAM_BROKEN, ErrorKind
+from .cancel_marks import CancelMarks
+from .checks import check_generate, check_infer, streams
+from .errors import error_event, error_response, is_openai, refusal, status_for_model_error
 
 log = logging.getLogger("specserve.edge")
 
@@ -69,7 +36,6 @@ HEADER_PARSE_LIMIT = 128 << 10
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
               "transfer-encoding", "upgrade", "content-length", "host", "expect"}
 GENERATE = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?/generate(?:_stream)?$")
-GENERATE_FIELDS = {"id", "parameters"}  # generate-request fields of Triton's own besides the inputs
 INFER = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?/infer$")
 UPSTREAM_DROPPED = {ADMIN_HEADER, REQUEST_ID_HEADER, INTERNAL_HEADER,
                     "content-encoding"}  # the edge forwards the body decoded (read_body)
@@ -79,168 +45,10 @@ UNARY_ROUTES = {"llm": "llm_unary", "ensemble": "llm_unary", "tensorrt_llm_bls":
                 "tensorrt_llm": "tensorrt_llm_unary"}
 INFER_HEADER = "Inference-Header-Content-Length"
 # The edge's own id of a request the model computes (backend/wire.py). Triton 2.51 forwards headers
-# (--http-header-forward-pattern, backend/frontend/launcher.py) as request parameters on /infer only, not on
-# /generate: there the id goes into the body's "parameters". llm_unary passes it on to llm
-# (backend/frontend/triton_models/forward.py), whose response sender watches for its cancel mark (backend/frontend/triton_models/model.py).
-
-_INT_RANGES = {f"TYPE_INT{b}": (-(1 << (b - 1)), (1 << (b - 1)) - 1) for b in (8, 16, 32, 64)}
-_INT_RANGES.update({f"TYPE_UINT{b}": (0, (1 << b) - 1) for b in (8, 16, 32, 64)})
-_FLOAT_MAX = {"TYPE_FP16": 65504.0, "TYPE_FP32": 3.4028234663852886e38, "TYPE_FP64": math.inf}
-# /infer's datatypes (the KServe protocol's names) as model-config types
-_INFER_TYPES = {"BOOL": "TYPE_BOOL", "BYTES": "TYPE_STRING", **{t[5:]: t for t in (*_INT_RANGES, *_FLOAT_MAX)}}
-
-
-def _type_name(v) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
-            dict: "an object", type(None): "null"}.get(type(v), type(v).__name__)
-
-
-def check_field(name: str, value, data_type: str) -> None:
-    """One generate field against its tensor type in the model config: EdgeError(400) if
-    Triton would refuse it with a 500 or convert it wrongly."""
-    items, stack = [], [value]
-    while stack:  # depth already bounded
-        v = stack.pop()
-        if isinstance(v, list):
-            stack.extend(v)
-        else:
-            items.append(v)
-    for v in items:
-        if data_type == "TYPE_BOOL":
-            if not isinstance(v, bool):
-                raise EdgeError(400, f"{name} must be true or false, got {_type_name(v)}")
-        elif data_type == "TYPE_STRING":
-            if not isinstance(v, str):
-                raise EdgeError(400, f"{name} must be a string, got {_type_name(v)}")
-        elif data_type in _INT_RANGES:
-            lo, hi = _INT_RANGES[data_type]
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise EdgeError(400, f"{name} must be an integer, got {_type_name(v)}")
-            if not lo <= v <= hi:
-                raise EdgeError(400, f"{name} {v} is out of range: {data_type[5:]} holds {lo}..{hi}")
-        elif data_type in _FLOAT_MAX:
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise EdgeError(400, f"{name} must be a number, got {_type_name(v)}")
-            if math.isfinite(v) and abs(v) > _FLOAT_MAX[data_type]:
-                raise EdgeError(400, f"{name} {v} is out of range for {data_type[5:]}")
-
-
-def check_generate(body, input_types: dict) -> None:
-    """A generate body against the model's inputs ({} when the model is unknown: Triton says so).
-    Triton would pass a field that is no input on as a request parameter, which the model never
-    reads: refused here, naming it, as Triton refuses an unknown input on /infer and gRPC."""
-    if not isinstance(body, dict):
-        raise EdgeError(400, f"the request body must be a JSON object, got {_type_name(body)}")
-    for name, value in body.items():
-        if name in input_types:
-            check_field(name, value, input_types[name])
-        elif input_types and name not in GENERATE_FIELDS:
-            raise EdgeError(400, unknown_input_message(name, input_types))
-    params = body.get("parameters")
-    if input_types and isinstance(params, dict):
-        for name in params:
-            if name in input_types:
-                raise EdgeError(400, f"parameters.{name} is not read by the model: send {name} as a "
-                                     "top-level field of the request")
-
-
-def unknown_input_message(name: str, input_types: dict) -> str:
-    return (f"unexpected input '{name}': this model has no such input (it has "
-            f"{', '.join(sorted(input_types))})")
-
-
-def check_infer(body) -> None:
-    """An /infer body (or the JSON header of a binary one): EdgeError(400) naming the field for what
-    Triton 2.51 answers 500 for (inputs not an array, a shape not of non-negative integers, data of
-    the wrong JSON type) or wraps silently (an integer outside its datatype). The request id
-    parameter is the edge's own (REQUEST_ID_HEADER): a client's would reach the unary model next to it."""
-    if not isinstance(body, dict):
-        raise EdgeError(400, f"the request body must be a JSON object, got {_type_name(body)}")
-    params = body.get("parameters")
-    if isinstance(params, dict) and any(k.lower() in REQUEST_ID_NAMES for k in params):
-        raise EdgeError(400, f"parameters.{REQUEST_ID_HEADER} is reserved: the server sets it")
-    for key in ("inputs", "outputs"):
-        if key in body and not isinstance(body[key], list) or key == "inputs" and key not in body:
-            raise EdgeError(400, f"{key} must be an array of tensor objects, got {_type_name(body.get(key))}")
-    for i, tensor in enumerate(body["inputs"]):
-        if not isinstance(tensor, dict):
-            raise EdgeError(400, f"inputs[{i}] must be a tensor object, got {_type_name(tensor)}")
-        name = tensor.get("name")
-        if not isinstance(name, str):
-            raise EdgeError(400, f"inputs[{i}].name must be a string, got {_type_name(name)}")
-        shape = tensor.get("shape")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                                  for d in shape):
-            raise EdgeError(400, f"input '{name}': shape must be an array of non-negative integers, got "
-                                 f"{json.dumps(shape)[:80]}")
-        datatype = tensor.get("datatype")
-        if not isinstance(datatype, str):
-            raise EdgeError(400, f"input '{name}': datatype must be a string, got {_type_name(datatype)}")
-        if "data" in tensor and datatype in _INFER_TYPES:  # an unknown datatype: Triton names it
-            check_field(name, tensor["data"], _INFER_TYPES[datatype])
-
-
-def streams(value) -> bool:
-    """Whether a generate body's `stream` field asks for a stream (true, or [true])."""
-    return value is True or isinstance(value, list) and True in value
-
-
-def status_for_model_error(status: int, message: str) -> int:
-    """Triton 2.51 answers 400 for every error a decoupled model sends: restore its kind's status."""
-    return error_kind(message).http_status if status == 400 else status
-
-
-def error_response(status: int, message: str, stream: bool = False) -> web.Response:
-    headers = {"Retry-After": "1"} if status == 503 else {}
-    if stream:  # the shape Triton uses for /generate_stream errors
-        return web.Response(status=status, headers=headers, content_type="text/event-stream",
-                            text=error_event(message).decode())
-    return web.json_response({"error": message}, status=status, headers=headers)
-
-
-def error_event(message: str) -> bytes:
-    """An error as Triton's /generate_stream sends it: one server-sent event whose data is {"error": ...}."""
-    return f"data: {json.dumps({'error': message})}\n\n".encode()
-
-
-def is_openai(path: str) -> bool:
-    return path == "/v1" or path.startswith("/v1/")
-
-
-def refusal(request: web.Request, status: int, message: str, code: Optional[str] = None) -> web.Response:
-    """An error in the shape of the interface the request was for: OpenAI's on /v1, Triton's
-    ({"error": message}, an event on /generate_stream) on the rest."""
-    if is_openai(request.path):
-        from .openai.errors import ApiError, error_response as openai_error
-        return openai_error(ApiError(status, message, code=code))
-    return error_response(status, message, request.path.endswith("/generate_stream"))
-
-
-class CancelMarks:
-    """The cancel marks of one server: an empty file named by a request's id in `directory` (made
-    by backend/frontend/launcher.py, SPECSERVE_CANCEL_DIR) says that its HTTP client has gone. The model
-    polls for it like for a gRPC cancel and removes it when the request ends; marks it never
-    removes (the request had already ended, or its last send failed) are pruned here after a minute."""
-
-    PRUNE_AGE_S, PRUNE_EVERY_S = 60.0, 10.0
-
-    def __init__(self, directory):
-        self.dir, self._pruned = Path(directory), 0.0
-
-    def mark(self, rid: str) -> None:
-        try:
-            (self.dir / rid).touch()
-        except OSError as e:
-            log.warning("could not mark request %s cancelled: %r", rid, e)
-        now = time.time()
-        if now - self._pruned >= self.PRUNE_EVERY_S:
-            self._pruned = now
-            for p in self.dir.glob("*"):
-                try:
-                    if now - p.stat().st_mtime > self.PRUNE_AGE_S:
-                        p.unlink()
-                except OSError:
-                    pass
+# (--http-header-forward-pattern, backend/frontend/supervisor/triton_command.py) as request parameters
+# on /infer only, not on /generate: there the id goes into the body's "parameters". llm_unary passes
+# it on to llm (backend/frontend/triton_models/forward.py), whose response sender watches for its
+# cancel mark (backend/frontend/triton_models/model.py).
 
 
 class Edge:
@@ -250,7 +58,7 @@ class Edge:
                  internal_key: Optional[str] = None, cancel_dir: Optional[str] = None,
                  refusals_file: Optional[str] = None, read_timeout_s: float = READ_TIMEOUT_S,
                  served: Optional[ServerConfig] = None):
-        # Triton's HTTP: "unix:<socket path>" (what the launcher gives) or a base URL
+        # Triton's HTTP: "unix:<socket path>" (what the supervisor gives) or a base URL
         self.upstream_socket = upstream[len("unix:"):] if upstream.startswith("unix:") else None
         self.upstream = "http://triton" if self.upstream_socket else upstream.rstrip("/")
         # what is refused here never reaches Triton's or the model's counters (backend/frontend/metrics.py)
@@ -260,13 +68,13 @@ class Edge:
         self.draining = draining
         # The client's ADMIN_HEADER is checked here against admin_key and never passed on; Triton
         # (behind, on its private socket) gets upstream_admin_key instead, so the admin key never appears on
-        # any command line (backend/frontend/launcher.py).
+        # any command line (backend/frontend/supervisor/server_secrets.py).
         self.admin_key, self.upstream_admin_key = admin_key, upstream_admin_key
         # added to every request forwarded: Triton's other APIs are closed without it
         self.internal = {INTERNAL_HEADER: internal_key} if internal_key else {}
         self.read_timeout_s = read_timeout_s
         self.grpc_upstream = grpc_upstream  # Triton's gRPC, e.g. 127.0.0.1:8001: serves the OpenAI API
-        self.served = served  # what the launcher resolved (backend/served.py): the OpenAI API reads it
+        self.served = served  # what the supervisor resolved (backend/served.py): the OpenAI API reads it
         self.max_body_bytes, self.max_depth = max_body_bytes, max_depth
         self.marks = CancelMarks(cancel_dir) if cancel_dir else None  # None: requests are not tagged
         self.session: Optional[ClientSession] = None
@@ -276,7 +84,7 @@ class Edge:
         app = web.Application(client_max_size=self.max_body_bytes + 1,  # the handler reads; this is a backstop
                               middlewares=[self._limit_headers, self._refuse_while_draining])
         if self.grpc_upstream:  # /v1/...: backend/frontend/openai/, before the catch-all
-            from .openai.routes import OpenAIApi
+            from ..openai.routes import OpenAIApi
             OpenAIApi(self, self.grpc_upstream, self.served).mount(app)
         app.router.add_route("*", "/{tail:.*}", self.handle)
         app.on_startup.append(self._open)

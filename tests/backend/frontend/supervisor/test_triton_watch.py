@@ -1,9 +1,9 @@
-"""The supervisor's watch over a Triton start (backend/frontend/triton_watch.py) on a hand-driven
+"""The supervisor's watch over a Triton start (backend/frontend/supervisor/triton_watch.py) on a hand-driven
 clock; tests/integration/test_lifecycle.py kills and stops the real stubs."""
 import doctest
 
-from backend.frontend import triton_watch
-from backend.frontend.triton_watch import MIN_START_DEADLINE_S, StartDeadlines, Stub, TritonWatch
+from backend.frontend.supervisor import triton_watch
+from backend.frontend.supervisor.triton_watch import MIN_START_DEADLINE_S, StartDeadlines, Stub, TritonWatch
 
 
 class Clock:

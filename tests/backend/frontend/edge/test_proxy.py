@@ -1,66 +1,9 @@
-"""The HTTP edge's checks (backend/frontend/edge.py), without a server: tests/integration/test_hostile_input.py
-runs them against the real one."""
+"""The HTTP edge's proxy (backend/frontend/edge/proxy.py) on a stand-in for Triton:
+tests/integration/test_hostile_input.py runs it against the real one."""
 import pytest
 
-from backend.frontend.edge import check_generate, status_for_model_error
-from backend.frontend.http_body import EdgeError, json_depth, parse_json
-
-TYPES = {"text_input": "TYPE_STRING", "max_tokens": "TYPE_INT32", "random_seed": "TYPE_UINT64",
-         "temperature": "TYPE_FP32", "stream": "TYPE_BOOL", "stop_words": "TYPE_STRING"}
-
-
-def test_depth():
-    assert json_depth(1) == 0 and json_depth([]) == 1 and json_depth({"a": [[1]]}) == 3
-    assert json_depth(parse_json(b"[" * 32 + b"]" * 32, 32)) == 32
-    with pytest.raises(EdgeError, match="deeper than 32"):
-        parse_json(b"[" * 33 + b"]" * 33, 32)
-    with pytest.raises(EdgeError, match="deeper than 32"):
-        parse_json(b"[" * 40000 + b"]" * 40000, 32)  # Python's parser stops at its recursion limit
-
-
-@pytest.mark.parametrize("raw,words", [(b"", "empty"), (b"  \n", "empty"), (b'{"a": ', "not valid JSON"),
-                                       (b"\xff\xff", "not valid JSON")])
-def test_unparsable(raw, words):
-    with pytest.raises(EdgeError, match=words) as e:
-        parse_json(raw, 32)
-    assert e.value.status == 400
-
-
-@pytest.mark.parametrize("body,words", [
-    ([1], "JSON object"),
-    ({"max_tokens": 2**32 + 8}, "max_tokens 4294967304 is out of range"),
-    ({"max_tokens": -2**31 - 1}, "max_tokens"),
-    ({"max_tokens": True}, "max_tokens must be an integer"),
-    ({"max_tokens": 2.0}, "max_tokens must be an integer"),
-    ({"random_seed": -1}, "random_seed -1 is out of range"),
-    ({"random_seed": 2**64}, "random_seed"),
-    ({"temperature": 1e300}, r"temperature 1e\+300 is out of range for FP32"),
-    ({"temperature": "hot"}, "temperature must be a number"),
-    ({"stream": 1}, "stream must be true or false"),
-    ({"stop_words": ["a", 3]}, "stop_words must be a string"),
-    ({"text_input": None}, "text_input must be a string, got null"),
-])
-def test_wrong_types_and_ranges_name_the_field(body, words):
-    with pytest.raises(EdgeError, match=words):
-        check_generate(body, TYPES)
-
-
-def test_valid_bodies_pass():
-    check_generate({"text_input": "hi", "max_tokens": 2**31 - 1, "random_seed": 2**64 - 1, "temperature": 0.7,
-                    "stream": True, "stop_words": ["a", "b"], "id": "r1", "parameters": {"priority": 1}}, TYPES)
-    check_generate({"temperature": float("nan")}, TYPES)  # the model refuses it, naming it
-    check_generate({"anything": 1}, {})  # a model the edge does not know: Triton answers
-
-
-@pytest.mark.parametrize("body,words", [
-    ({"text_input": "hi", "repetition_penalty": 1.2}, "unexpected input 'repetition_penalty'"),
-    ({"text_input": "hi", "min_length": 4}, "unexpected input 'min_length'.*max_tokens"),
-    ({"text_input": "hi", "parameters": {"max_tokens": 4}}, "parameters.max_tokens is not read"),
-])
-def test_unknown_inputs_are_refused_naming_them(body, words):
-    with pytest.raises(EdgeError, match=words) as e:
-        check_generate(body, TYPES)
-    assert e.value.status == 400
+from backend.frontend.edge.errors import status_for_model_error
+from backend.frontend.http_body import EdgeError
 
 
 def test_model_error_status():
@@ -76,7 +19,7 @@ def test_infer_on_a_decoupled_model_goes_to_the_unary_model():
 
     from aiohttp.test_utils import make_mocked_request
 
-    from backend.frontend.edge import Edge
+    from backend.frontend.edge.proxy import Edge
 
     edge = Edge("http://127.0.0.1:9")
     served = {"llm_unary": {"text_input": "TYPE_STRING"}}
@@ -108,7 +51,7 @@ def test_requests_carry_the_edges_own_id_and_a_client_that_leaves_is_marked(tmp_
     from aiohttp import ClientSession, web
     from aiohttp.test_utils import TestServer
 
-    from backend.frontend.edge import REQUEST_ID, REQUEST_ID_HEADER, Edge
+    from backend.frontend.edge.proxy import REQUEST_ID, REQUEST_ID_HEADER, Edge
 
     seen, arrived = [], asyncio.Event()
 
@@ -169,7 +112,7 @@ def test_cancel_marks_older_than_a_minute_are_pruned(tmp_path):
     import os
     import time
 
-    from backend.frontend.edge import CancelMarks
+    from backend.frontend.edge.cancel_marks import CancelMarks
 
     old = tmp_path / ("a" * 32)
     old.touch()
@@ -179,64 +122,6 @@ def test_cancel_marks_older_than_a_minute_are_pruned(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b" * 32, "c" * 32]
 
 
-def _tensor(name, shape, datatype, data):
-    return {"name": name, "shape": shape, "datatype": datatype, "data": data}
-
-
-TEXT = _tensor("text_input", [1, 1], "BYTES", ["hi"])
-
-
-@pytest.mark.parametrize("body,words", [
-    ({"inputs": {"text_input": TEXT}}, "inputs must be an array of tensor objects, got an object"),
-    ({"inputs": [TEXT], "outputs": {"name": "text_output"}}, "outputs must be an array"),
-    ({"inputs": [TEXT, 3]}, r"inputs\[1\] must be a tensor object"),
-    ({"inputs": [_tensor("text_input", [-1, 1], "BYTES", ["hi"])]}, "input 'text_input': shape must be an array of "
-                                                                     r"non-negative integers, got \[-1, 1\]"),
-    ({"inputs": [_tensor("text_input", [1.5, 1], "BYTES", ["hi"])]}, "input 'text_input': shape"),
-    ({"inputs": [_tensor("text_input", [True], "BYTES", ["hi"])]}, "input 'text_input': shape"),
-    ({"inputs": [TEXT, _tensor("max_tokens", [1, 1], "INT32", [8.7])]}, "max_tokens must be an integer, got a number"),
-    ({"inputs": [TEXT, _tensor("max_tokens", [1, 1], "INT32", ["8"])]}, "max_tokens must be an integer, got a string"),
-    ({"inputs": [TEXT, _tensor("max_tokens", [1, 1], "INT32", [2**32 + 8])]}, "max_tokens 4294967304 is out of range"),
-    ({"inputs": [TEXT, _tensor("stream", [1, 1], "BOOL", ["yes"])]}, "stream must be true or false, got a string"),
-    ({"inputs": [_tensor("text_input", [1, 1], "BYTES", [5])]}, "text_input must be a string"),
-    ({"inputs": [{"name": 3, "shape": [1], "datatype": "INT32", "data": [1]}]}, r"inputs\[0\].name must be a string"),
-    ([TEXT], "must be a JSON object"),
-])
-def test_infer_body_mistakes_are_400s_naming_the_field(body, words):
-    """Triton 2.51 answers 500 for each of these (or wraps max_tokens 2^32+8 to 8)."""
-    from backend.frontend.edge import check_infer
-
-    with pytest.raises(EdgeError, match=words) as e:
-        check_infer(body)
-    assert e.value.status == 400
-
-
-def test_valid_infer_bodies_pass():
-    from backend.frontend.edge import check_infer
-
-    check_infer({"inputs": [_tensor("text_input", [2, 1], "BYTES", [["a"], ["b"]]),
-                            _tensor("max_tokens", [2, 1], "INT32", [[4], [4]]),
-                            _tensor("temperature", [1, 1], "FP32", [0.5]), _tensor("stream", [1, 1], "BOOL", [False])],
-                 "outputs": [{"name": "text_output"}], "parameters": {"priority": 1}})
-    # the JSON header of a binary request: the data follows it
-    check_infer({"inputs": [{"name": "text_input", "shape": [1, 1], "datatype": "BYTES",
-                             "parameters": {"binary_data_size": 6}}]})
-    check_infer({"inputs": [_tensor("x", [1], "STRANGE", ["?"])]})  # an unknown datatype: Triton names it
-
-
-@pytest.mark.parametrize("raw,where", [
-    (b'{"text_input": "\\ud800", "max_tokens": 2}', "text_input"),
-    (b'{"inputs": [{"name": "text_input", "data": ["ok", "a\\udfffb"]}]}', r"inputs\[0\].data\[1\]"),
-    (b'{"stop_words": ["\\ud83d"]}', r"stop_words\[0\]"),  # the first half of a pair, alone
-])
-def test_lone_surrogates_are_400s_naming_the_field(raw, where):
-    """Python parses "\\ud800", Triton's parser refuses it with a 500: not Unicode, refused here."""
-    with pytest.raises(EdgeError, match=f"^{where} is not valid Unicode") as e:
-        parse_json(raw, 32)
-    assert e.value.status == 400
-    assert parse_json(b'{"text_input": "\\ud83d\\ude00 \\u00e9"}', 32) == {"text_input": "\U0001F600 \u00e9"}
-
-
 def test_upstream_headers():
     """A header value that is not UTF-8 is a 400 naming it (it was aiohttp's 500); the internal key
     goes to Triton with every request, a client's own is dropped; the admin key only if it matches."""
@@ -244,7 +129,7 @@ def test_upstream_headers():
 
     from multidict import CIMultiDict
 
-    from backend.frontend.edge import ADMIN_HEADER, INTERNAL_HEADER, Edge
+    from backend.frontend.edge.proxy import ADMIN_HEADER, INTERNAL_HEADER, Edge
 
     edge = Edge("http://127.0.0.1:9", admin_key="adm", upstream_admin_key="up", internal_key="inner")
 
@@ -271,8 +156,8 @@ def test_head_stream_true_and_stalled_clients():
     from aiohttp import ClientSession, web
     from aiohttp.test_utils import TestServer
 
-    from backend.frontend.edge import serve
-    from backend.frontend.launcher import free_port
+    from backend.frontend.edge.proxy import serve
+    from backend.frontend.supervisor.launch import free_port
 
     methods = []
 
@@ -364,8 +249,8 @@ def edge_test(main):
     from aiohttp import web
     from aiohttp.test_utils import TestServer
 
-    from backend.frontend.edge import serve
-    from backend.frontend.launcher import free_port
+    from backend.frontend.edge.proxy import serve
+    from backend.frontend.supervisor.launch import free_port
 
     fake = FakeTriton()
 
@@ -578,8 +463,8 @@ def test_an_unreachable_triton_is_a_503_logged_once_an_outage(caplog):
 
     import aiohttp
 
-    from backend.frontend.edge import serve
-    from backend.frontend.launcher import free_port
+    from backend.frontend.edge.proxy import serve
+    from backend.frontend.supervisor.launch import free_port
 
     async def run():
         stop, port = asyncio.Event(), free_port()
