@@ -1,14 +1,15 @@
 """A checkpoint's tokenizer for the processes that only encode and decode text (the
-`preprocessing` and `postprocessing` models): its tokenizer.json through
-the `tokenizers` library alone, loaded in ~0.2 s where `transformers.AutoTokenizer` needs ~7 s of
-CPU (importing transformers and torch), which every server start paid twice beside llm's own load.
+`preprocessing` and `postprocessing` models): its tokenizer.json through the `tokenizers` library
+alone, loaded in ~0.2 s where `transformers.AutoTokenizer` needs ~7 s of CPU (importing
+transformers and torch), which every server start paid twice beside llm's own load.
 
 It answers what those callers ask of a Hugging Face tokenizer, the same way (the same library
 does the work inside transformers' fast tokenizers): `tok(text, add_special_tokens=...).input_ids`,
-`decode(ids, skip_special_tokens=...)`, `eos_token_id`, `pad_token_id`, `len(tok)`. Where that cannot be guaranteed (no tokenizer.json, or a config asking transformers
-to rewrite decoded spaces) `load()` returns transformers' tokenizer instead. The chat template
-stays with llm, which loads the full tokenizer. tests/backend/generation/test_text_tokenizer.py
-holds it equal to AutoTokenizer on the served checkpoint.
+`decode(ids, skip_special_tokens=...)`, `eos_token_id`, `pad_token_id`, `len(tok)`. Where that
+cannot be guaranteed (no tokenizer.json, or a config asking transformers to rewrite decoded
+spaces) `load()` returns transformers' tokenizer instead. The chat template stays with llm, which
+loads the full tokenizer. tests/backend/generation/test_text_tokenizer.py holds it equal to
+AutoTokenizer on the served checkpoint.
 """
 from __future__ import annotations
 
@@ -20,18 +21,15 @@ from typing import Optional
 from tokenizers import Tokenizer
 
 
-def _token(value) -> Optional[str]:
-    """A special token as tokenizer_config.json writes it: a string, {"content": ...} or null."""
-    return value.get("content") if isinstance(value, dict) else value
-
-
 class TextTokenizer:
     def __init__(self, tokenizer: Tokenizer, config: dict):
         self._tok = tokenizer
-        ids = {name: self._id(_token(config.get(name))) for name in ("eos_token", "pad_token")}
-        self.eos_token_id, self.pad_token_id = ids["eos_token"], ids["pad_token"]
+        self.eos_token_id = self._id(config.get("eos_token"))
+        self.pad_token_id = self._id(config.get("pad_token"))
 
-    def _id(self, token: Optional[str]) -> Optional[int]:
+    def _id(self, value) -> Optional[int]:
+        """A special token's id, as tokenizer_config.json writes the token: a string, {"content": ...} or null."""
+        token = value.get("content") if isinstance(value, dict) else value
         return None if token is None else self._tok.token_to_id(token)
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> SimpleNamespace:
