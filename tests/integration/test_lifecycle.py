@@ -270,16 +270,19 @@ def llm_stub_of(launcher_pid: int, old_server: int | None = None, timeout: float
     while time.monotonic() < deadline:
         for pid, argv in stub_processes():
             server = int(argv[5]) if argv[5].isdigit() else 0
-            if server != old_server and "model_repository/llm/1/model.py" in argv[1] and alive(pid) \
+            if server != old_server and LLM_MODEL_PY in argv[1] and alive(pid) \
                     and alive(server) and _ppid(server) == launcher_pid:
                 return server, pid
         time.sleep(0.02)
     raise AssertionError("no stub of the llm model appeared")
 
 
+LLM_MODEL_PY = "model_repository/llm/1/model.py"  # in the argv of the stub running model llm
+
+
 def is_llm_stub(pid: int) -> bool:
     """The stub running model `llm` (its model.py path: "llm/1" alone also names tensorrt_llm's)."""
-    return any("model_repository/llm/1/model.py" in a for a in _argv(pid))
+    return any(LLM_MODEL_PY in a for a in _argv(pid))
 
 
 def _ppid(pid: int) -> int:
