@@ -44,12 +44,12 @@ class TextTokenizer:
 
 def load(checkpoint: Path):
     """The checkpoint's tokenizer: a TextTokenizer where its tokenizer.json says everything, else
-    transformers' AutoTokenizer."""
+    transformers' own tokenizer (hf_tokenizer.load)."""
     checkpoint = Path(checkpoint)
     config_file = checkpoint / "tokenizer_config.json"
     config = json.loads(config_file.read_text()) if config_file.is_file() else {}
     if (checkpoint / "tokenizer.json").is_file() and not config.get("clean_up_tokenization_spaces"):
         return TextTokenizer(Tokenizer.from_file(str(checkpoint / "tokenizer.json")), config)
-    from transformers import AutoTokenizer  # ~7 s: only for checkpoints the fast path cannot serve exactly
+    from . import hf_tokenizer  # seconds: only for checkpoints the fast path cannot serve exactly
 
-    return AutoTokenizer.from_pretrained(str(checkpoint))
+    return hf_tokenizer.load(checkpoint)

@@ -15,6 +15,7 @@ from ..loop.config import LoopConfig
 from ..loop.engine_loop import EngineLoop
 from ..engines import Engine
 from ..engines.torch_llama import TorchLlama
+from ..generation import hf_tokenizer
 from ..served_policy import load_policy
 from ..server_config import ServerConfig
 from .contract import Service
@@ -23,8 +24,6 @@ log = logging.getLogger("specserve")
 
 
 def build_loop(cfg: ServerConfig, root: Path) -> EngineLoop:
-    from transformers import AutoTokenizer
-
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     elif cfg.engine == "llama.cpp":
@@ -39,7 +38,7 @@ def build_loop(cfg: ServerConfig, root: Path) -> EngineLoop:
     manifest = ckpt / "manifest.json"
     if manifest.exists():
         log.info("serving %s", json.loads(manifest.read_text()).get("name", ckpt.name))
-    tokenizer = AutoTokenizer.from_pretrained(ckpt)
+    tokenizer = hf_tokenizer.load(ckpt)
     engine = build_engine(cfg, root, ckpt)
     log.info("target engine %s", engine.name)
     drafters = {name: build_drafter(name, cfg, root, engine)

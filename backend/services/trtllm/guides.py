@@ -27,6 +27,7 @@ import logging
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
+from ...generation import hf_tokenizer
 from ...generation.guided import ANY_JSON, JSON_LAYOUT, Guide, GuideCompiler, GuideState
 
 log = logging.getLogger("specserve.trtllm")
@@ -74,9 +75,7 @@ class RequestGuides:
     @property
     def compiler(self) -> GuideCompiler:
         if self._compiler is None:
-            from transformers import AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(self.checkpoint)
+            tok = hf_tokenizer.load(self.checkpoint)
             vocab = json.loads((self.checkpoint / "config.json").read_text()).get("vocab_size") or len(tok)
             self._compiler = GuideCompiler(tok, int(vocab))  # the model's vocabulary: the logits' width
         return self._compiler

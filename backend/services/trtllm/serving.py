@@ -36,6 +36,7 @@ from policy.external import IterationDrafter
 from policy.speculator import Speculator
 from policy.types import StepOutcome
 
+from ...generation import hf_tokenizer
 from ...generation.guided import guide_problem
 from ...generation.request import GenerationRequest, Limits, RequestError, prompt_ids
 from ...generation.sequence import Sequence
@@ -177,10 +178,8 @@ class TrtllmService:
 
     @classmethod
     def from_config(cls, cfg: ServerConfig, root: Path, **build_kwargs) -> "TrtllmService":
-        from transformers import AutoTokenizer
-
         ckpt = cfg.resolve(cfg.checkpoint, root)
-        tok = AutoTokenizer.from_pretrained(ckpt)
+        tok = hf_tokenizer.load(ckpt)
         eos_ids = end_tokens(json.loads((ckpt / "config.json").read_text()).get("eos_token_id"), tok)
         llm, drafter = build_llm(cfg, root, **build_kwargs)
         return cls(llm, drafter, tok, Limits(max_new_tokens_limit=cfg.max_tokens_limit, max_context=cfg.max_context),
