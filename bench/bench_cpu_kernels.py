@@ -9,7 +9,9 @@ three choices on this machine:
 
   bf16        bf16 weights only (WIDE_ROWS = infinity)
   bf16+fp32   the engine's default: bf16 below WIDE_ROWS rows, the fp32 copy above
-  fp32        fp32 weights and activations (dtype=fp32)
+  fp32        fp32 weights and activations (dtype=fp32), prepacked for oneDNN (the engine's fp32)
+  fp32-mkl    the same through F.linear (MKL), which packs the weight again on every call of 2+
+              rows (the engine's fp32 before 2026-11-27; Linear.PACK_FP32 = False)
 
 for one sequence appending 1..16 tokens (a verify step of γ = n-1 drafts) and for
 1..32 sequences decoding one token each, at context 128.
@@ -63,6 +65,10 @@ def main(argv=None) -> None:
                              default_wide),
                "fp32": (tl.TorchLlama(CHECKPOINT, dtype="fp32", max_slots=max(BATCHES), max_context=CONTEXT + 32),
                         default_wide)}
+    tl.Linear.PACK_FP32 = False
+    engines["fp32-mkl"] = (tl.TorchLlama(CHECKPOINT, dtype="fp32", max_slots=max(BATCHES), max_context=CONTEXT + 32),
+                           default_wide)
+    tl.Linear.PACK_FP32 = True
     prompt = list(range(100, 100 + CONTEXT))
     for engine, _ in engines.values():
         for slot in range(max(BATCHES)):
@@ -88,11 +94,12 @@ def main(argv=None) -> None:
 
     for part, keys, unit in (("verify_tokens", TOKENS, "tokens appended by one sequence"),
                              ("decode_batch", BATCHES, "sequences decoding one token")):
-        print(f"\nms per step by {unit} (ratio: bf16-only time / engine default time)")
-        print(f"{'n':>4} " + " ".join(f"{k:>10}" for k in results) + "   ratio")
+        print(f"\nms per step by {unit} (ratios: bf16-only / bf16+fp32, fp32-mkl / fp32)")
+        print(f"{'n':>4} " + " ".join(f"{k:>10}" for k in results) + "   ratios")
         for n in keys:
-            row = [results[k][part][n] * 1e3 for k in results]
-            print(f"{n:>4} " + " ".join(f"{v:>10.1f}" for v in row) + f"   {row[0] / row[1]:.2f}x")
+            t = {k: results[k][part][n] * 1e3 for k in results}
+            print(f"{n:>4} " + " ".join(f"{v:>10.1f}" for v in t.values())
+                  + f"   {t['bf16'] / t['bf16+fp32']:.2f}x {t['fp32-mkl'] / t['fp32']:.2f}x")
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = {"native_bf16": tl.native_bf16(), "wide_rows": default_wide, "context": CONTEXT,

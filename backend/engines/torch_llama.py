@@ -84,11 +84,19 @@ class Linear:
     decoding) then cost about what fp32 costs, fewer rows what bf16 costs, for 3
     bytes per weight instead of 2 (bench/bench_cpu_kernels.py). The products are the
     same numbers, summed in fp32 either way.
+
+    fp32 on a CPU: oneDNN with a prepacked weight too. F.linear's MKL sgemm copies
+    (packs) the whole weight on every call of 2+ rows, so verifying costs 2-2.3x a
+    decode step; packed once, it reads the weight once per call (whole SmolLM2-135M
+    step, 2 AVX2 cores, 200 cached tokens, medians of runs: 1 token 56 -> 48 ms, 3 tokens
+    129 -> 55 ms, 6 tokens 117 -> 65 ms, 4 sequences x 1 token 123 -> 58 ms). fp32 makes no
+    batch-invariance promise either way (it ignores batch_invariant).
     """
 
     __slots__ = ("weight", "packed", "wide", "nbytes", "min_rows")
     WIDE_ROWS = 8  # whole-model step times of bf16 and fp32 weights cross at 6-8 rows on 2 AVX2 cores
     MIN_ROWS = 8  # batch-invariant mode: every call multiplies at least this many rows (see __call__)
+    PACK_FP32 = True  # fp32 weights prepacked for oneDNN; bench/bench_cpu_kernels.py builds one engine without
 
     def __init__(self, weight: torch.Tensor, batch_invariant: bool = False):  # weight: [out, in]
         """batch_invariant (bf16): a row's product must not depend on how many rows share the
@@ -102,7 +110,7 @@ class Linear:
         self.packed = self.wide = None
         self.min_rows = self.MIN_ROWS if batch_invariant and weight.dtype == torch.bfloat16 else 1
         on_cpu = weight.device.type == "cpu"  # oneDNN packing and the fp32 copy are CPU kernels' needs
-        if on_cpu and weight.dtype == torch.bfloat16 and native_bf16():
+        if on_cpu and ((weight.dtype == torch.float32 and self.PACK_FP32) or (weight.dtype == torch.bfloat16 and native_bf16())):
             try:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 64)
                 self.weight = None  # the packed copy is the weight now: do not hold both
