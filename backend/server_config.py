@@ -140,6 +140,7 @@ OTHER_ENV = {
     "SPECSERVE_MAX_JSON_DEPTH": "the launcher: the deepest JSON nesting",
     "SPECSERVE_DRAIN_SECONDS": "the launcher: in-flight requests' time to finish at shutdown",
     "SPECSERVE_MAX_RESTARTS": "the launcher: give up after that many Triton restarts within 10 minutes (0: never)",
+    "SPECSERVE_RESTART_BACKOFF_MAX_S": "the launcher: the longest wait before a Triton restart (1, 2, 4 ... up to it)",
     "SPECSERVE_HTTP_READ_TIMEOUT_S": "the launcher: seconds an HTTP client has to send headers, and its body",
     "SPECSERVE_START_TIMEOUT_S": "the launcher: seconds a starting Triton has to become ready before it is restarted",
     "SPECSERVE_PARENT_PID": "the launcher tells Triton (argv_env.c) the process whose death kills it",

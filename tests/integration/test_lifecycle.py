@@ -23,7 +23,10 @@ from test_server import Stream, grpc_generate
 DRAIN_S = 3
 ENV = dict(SPECSERVE_MAX_CONTEXT="512", SPECSERVE_MAX_TOKENS_LIMIT="256", SPECSERVE_MAX_BATCH="4",
            OMP_NUM_THREADS="1", SPECSERVE_POLICY="off",
-           SPECSERVE_DRAIN_SECONDS=str(DRAIN_S))
+           SPECSERVE_DRAIN_SECONDS=str(DRAIN_S),
+           # restarts after 1 s each: the growing wait (1, 2, 4 ... 30 s) is test_restarts.py's; here
+           # it would only add 31 s of sleep to the five restarts of test_many_restarts_under_client_traffic
+           SPECSERVE_RESTART_BACKOFF_MAX_S="1")
 COUNT = "1, 2, 3, 4, 5, 6, 7, 8,"  # counts on for its whole budget
 
 
@@ -173,7 +176,7 @@ def test_supervisor_restarts_a_dead_tritonserver(log_path):
                 except AssertionError:
                     pass
             assert new != server, "not restarted"
-            took = wait_ready(ports, 90) + time.monotonic() - t0  # restarts after 1 s, then 2 s, plus loading
+            took = wait_ready(ports, 90) + time.monotonic() - t0  # restarts after 1 s (ENV), plus loading
             assert_gone(server, stubs)
             assert_serves(ports)
             print(f"{victim} killed: ready again in {took:.1f} s")

@@ -24,6 +24,28 @@ ENGINE_MODEL = "llm"  # the Triton model every OpenAI request runs on
 # The routes of this API and their methods: another method answers 405, another /v1 path 404.
 ROUTES = {"/v1/models": "GET", "/v1/chat/completions": "POST", "/v1/completions": "POST"}
 MODEL_OBJECT = {"id": ENGINE_MODEL, "object": "model", "created": 0, "owned_by": "specserve"}
+RECONNECT_BACKOFF_MAX_MS = 1000  # the longest wait between reconnects to a restarted Triton
+
+
+def triton_channel_args() -> list:
+    """tritonclient's default gRPC channel options, and reconnects at most 1 s apart. Triton is
+    local and the supervisor restarts it; gRPC's default reconnect backoff grows by 1.6x up to
+    120 s while it is down, so after a long restart the OpenAI API kept answering "not reachable"
+    for up to ~half the outage again after Triton was ready (seen as nothing served for 60 s
+    after a restart in tests/integration/test_lifecycle.py's many restarts, on a busy machine)."""
+    from tritonclient.grpc import KeepAliveOptions
+    from tritonclient.grpc._client import MAX_GRPC_MESSAGE_SIZE
+
+    keepalive = KeepAliveOptions()
+    return [("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+            ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.min_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS)]
 
 
 class OpenAIApi:
@@ -66,7 +88,7 @@ class OpenAIApi:
     def _grpc(self):
         if self.client is None:
             import tritonclient.grpc.aio as grpcaio
-            self.client = grpcaio.InferenceServerClient(self.grpc_url)
+            self.client = grpcaio.InferenceServerClient(self.grpc_url, channel_args=triton_channel_args())
         return self.client
 
     async def _ready(self) -> None:

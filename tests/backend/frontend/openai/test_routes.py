@@ -54,3 +54,15 @@ def test_one_error_path_counts_only_what_never_reached_the_model():
     assert (ours.status, theirs.status, gone.status) == (500, 503, 503)
     assert b"while rendering the chat template" in ours.body and gone.headers["Retry-After"] == "1"
     assert counted == [("openai", 500), ("openai", 503)]
+
+
+def test_the_triton_channel_reconnects_within_a_second_and_keeps_tritonclients_defaults():
+    """gRPC's own reconnect backoff grows to 120 s while Triton is down: after a long restart the
+    API would answer "not reachable" long after Triton is ready again."""
+    from backend.frontend.openai.routes import triton_channel_args
+    args = dict(triton_channel_args())
+    assert args["grpc.max_reconnect_backoff_ms"] <= 1000
+    assert args["grpc.initial_reconnect_backoff_ms"] <= args["grpc.max_reconnect_backoff_ms"]
+    for name in ("grpc.max_send_message_length", "grpc.max_receive_message_length", "grpc.keepalive_time_ms",
+                 "grpc.keepalive_timeout_ms", "grpc.keepalive_permit_without_calls", "grpc.http2.max_pings_without_data"):
+        assert name in args, name
