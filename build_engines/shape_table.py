@@ -18,6 +18,10 @@ from .profile_costs import TOKEN_BATCH, BudgetedTable, interpolate_row, shape_fo
 
 SHAPE_BATCH = (1, 2, 4, 8, 16, 32)  # up to the profiled engine's slots (TargetTimer fills 32)
 SHAPE_TOKENS = (1, 2, 3, 4, 6, 8)  # 1 + gamma: decoding, then verifying 1..7 drafts
+# shapes of more tokens are not measured but extended along t (near linear there: 32 x 1..6 on
+# llama.cpp, 2-core EPYC), as the token-batch table stopped at 128: 32 x 6, 32 x 8 and 16 x 8
+# took 16 of a profile's 63 s (2026-11-27)
+SHAPE_MAX_TOKENS = 128
 # measurement order inside a context bucket: batch-1 speculation and the decode anchors first,
 # then verifying at load and the token-batch table's shapes (shape_for), then the rest
 SHAPE_PRIORITY = (((1, 1), (1, 2), (1, 4), (1, 8), (8, 1), (32, 1)),
@@ -57,8 +61,8 @@ def interpolate_shapes(points: Sequence[Shape], known: Dict[Shape, float]) -> Li
 
 
 class ShapeTable(BudgetedTable):
-    """BudgetedTable over (B, t) points: SHAPE_PRIORITY's order, `interpolate_shapes`, and a point
-    bounded by every point with at least its B and its t."""
+    """BudgetedTable over (B, t) points: SHAPE_PRIORITY's order up to SHAPE_MAX_TOKENS tokens,
+    `interpolate_shapes`, and a point bounded by every point with at least its B and its t."""
 
     point_s = 0.3  # 36 points a context where the token-batch table had 8: fewer repeats each
 
@@ -69,7 +73,7 @@ class ShapeTable(BudgetedTable):
 
     def order(self) -> list:
         named = [x for level in SHAPE_PRIORITY for x in level if x in self.xs]
-        return named + [x for x in self.xs if x not in named]
+        return [x for x in named + [x for x in self.xs if x not in named] if x[0] * x[1] <= SHAPE_MAX_TOKENS]
 
     def interpolate(self, xs: Sequence, known: dict) -> List[float]:
         return interpolate_shapes(xs, known)
