@@ -54,7 +54,8 @@ class StepTimeModel:
         batch size, the target part is T(batch, 1 + gamma) whatever n_tokens says: the engine
         verifies the iteration's gamma on every sequence (gamma 0: a plain step), or
         T(batch, 1 + pad_to) when it pads to a static length (TensorRT-LLM 1.2). An engine that
-        does not pad, with a profile by shape: T(batch, n_tokens / batch) (`target_step`)."""
+        does not pad, with a profile by shape: T(batch, 1 + gamma) when every sequence drafts,
+        else the cheaper of that and T(batch, 1) + T(drafting ones, gamma) (`target_step`)."""
         p = self.profile
         drafts = bool(n_model and gamma)
         padded = p.padded and batch is not None
@@ -63,7 +64,7 @@ class StepTimeModel:
         t = self._profiled.get(key)  # memoised by what the tables read: the context's buckets
         if t is None:
             ctx = ctx_len + gamma / 2
-            t = p.target_padded(ctx, batch, p.verified_per_seq(gamma)) if padded else p.target_step(ctx, n_tokens, batch)
+            t = p.target_padded(ctx, batch, p.verified_per_seq(gamma)) if padded else p.target_step(ctx, n_tokens, batch, gamma)
             if drafts:
                 t += gamma * p.draft(ctx_len, n_model) + p.draft_overhead(n_model)
             self._remember(key, t)

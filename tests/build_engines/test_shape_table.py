@@ -19,8 +19,8 @@ class FakeClock:
 
 def llama_like(ctx, b, t):
     """A step whose cost is not a function of B x t alone: 8 ms a pass, 2.5 ms a token, and
-    verifying dearer the more sequences do (so 32 x 1 < 8 x 4 and 16 x 4 < 32 x 2, as measured on
-    llama.cpp: 108 < 148 ms and 204 < 251), plus attention over the cache."""
+    verifying dearer the more sequences do (so 32 x 1 < 8 x 4 and 16 x 4 < 32 x 2, as in the
+    figures issue 40's (B, t) work started from: 108 < 148 ms and 204 < 251), plus attention."""
     return 0.008 + 0.0025 * b * t + 1e-4 * b * b * (t - 1) + 2e-6 * ctx * b * t
 
 

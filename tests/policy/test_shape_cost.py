@@ -10,8 +10,8 @@ from policy.profiles import StepTimeProfile
 from policy.steptime import StepTimeModel
 
 BATCH, TOKENS = (1, 2, 4, 8, 16, 32), (1, 2, 4, 8)
-# measured on the served GGUF (2-core AMD EPYC, AVX2, 2026-11-27; seconds): the shapes a policy
-# reads at 1 and 32 streams, and the n / 4 x 4 shapes the token-count table holds
+# the figures issue 40's (B, t) work started from (seconds): the verify curve of session 26 for
+# 1 and 32 streams (docs/results.md) and a version-2 profile's n / 4 x 4 shapes
 MEASURED = {(1, 1): 0.0104, (1, 2): 0.0135, (1, 4): 0.0206, (1, 8): 0.0330, (32, 1): 0.108, (32, 2): 0.251,
             (2, 4): 0.0298, (4, 4): 0.0632, (8, 4): 0.148, (16, 4): 0.204, (32, 4): 0.4635}
 
@@ -41,8 +41,8 @@ def profile(tmp_path) -> StepTimeProfile:
 
 
 def test_verifying_at_32_streams_costs_what_32_sequences_of_2_tokens_do(profile):
-    """The token-count table read 32 x 1 as 8 x 4 (148 ms) and 32 x 2 as 16 x 4 (204 ms): verifying
-    one draft looked 1.4 decode steps where it costs 2.3."""
+    """The token-count table read 32 x 1 as 8 x 4 (148 ms) and 32 x 2 as 16 x 4 (204 ms): with
+    these figures verifying one draft looked 1.4 decode steps where it cost 2.3."""
     m = StepTimeModel(profile, ema=0.2)
     decode, verify = m.profiled(300.0, 32, 0, 0, batch=32), m.profiled(300.0, 64, 1, 0, batch=32)
     assert (decode, verify) == (pytest.approx(0.108), pytest.approx(0.251))
@@ -57,10 +57,18 @@ def test_verifying_at_32_streams_costs_what_32_sequences_of_2_tokens_do(profile)
     assert adaspec_step_time(profile, 0, 32, 32 * 300) == pytest.approx(0.108)
 
 
-def test_a_ragged_step_is_read_at_the_mean_tokens_per_sequence(profile):
-    """16 of 32 sequences verifying 4 tokens, 16 decoding: 80 tokens, 2.5 a sequence."""
+def test_a_ragged_step_costs_the_cheaper_of_one_padded_pass_and_a_split_one(profile):
+    """llama.cpp runs 16 of 32 sequences verifying 4 tokens beside 16 decoding as one pass padded
+    to 4 tokens each, or as 32 x 1 then 16 x 3 (a micro-batch takes as many tokens from each of its
+    sequences); not as 32 sequences of 2.5 tokens."""
     m = StepTimeModel(profile, ema=0.2)
-    assert m.profiled(300.0, 80, 3, 0, batch=32) == pytest.approx(cost(32, 2) + (cost(32, 4) - cost(32, 2)) / 4)
+    t16x3 = (cost(16, 2) + cost(16, 4)) / 2  # between the table's t = 2 and 4
+    split = cost(32, 1) + t16x3
+    assert split < cost(32, 4)
+    assert m.profiled(300.0, 80, 3, 0, batch=32) == pytest.approx(split)
+    assert m.row(0, 32, 300.0, 16, 0, 3)[3] == pytest.approx(split)  # the composite's row, 16 drafting
+    # one sequence of 32 verifying 8 tokens: a decode pass and a pass of 1 x 7
+    assert m.profiled(300.0, 39, 7, 0, batch=32) == pytest.approx(cost(32, 1) + (cost(1, 4) + 3 * cost(1, 8)) / 4)
 
 
 def test_without_the_batch_or_the_table_the_token_count_table_is_read(profile, tmp_path):
