@@ -19,10 +19,11 @@ read most: for the target's (B, t) table, batch-1 speculation and the decode anc
 (shape_table.SHAPE_PRIORITY); for a drafter's table by token batch, 1, 2, 8, 32, then 128 and 4,
 then 16 and 64. Before each point its time is predicted from the points already
 measured; one that would not fit in what is left of the share is skipped, and a slow point
-gets fewer repeats. Skipped points are interpolated linearly between measured neighbours
-(in n; in t or B for the (B, t) table; the policies interpolate the same way), so a slow engine (the batch-invariant torch engine on
-an AVX2 CPU: ~0.3 s a token at 1,536 cached tokens) gets fewer, wider samples in minutes, not
-an hour of them. The JSON records which points were measured (`measured`, `draft_measured`).
+gets fewer repeats. Skipped points are interpolated linearly between measured neighbours (in n;
+in t or B for the (B, t) table; the policies interpolate the same way), so a slow engine (the
+batch-invariant torch engine on an AVX2 CPU: ~0.3 s a token at 1,536 cached tokens) gets fewer,
+wider samples in minutes, not an hour of them. The JSON records which points were measured
+(`measured`, `shape_measured`, `draft_measured`).
 
 Each engine has its own curve (llama.cpp on a 2-core CPU is close to compute-bound,
 so verifying k tokens costs nearly k steps; torch bf16 with native bf16 makes it
@@ -137,6 +138,17 @@ class BudgetedTable:
         """Whether point y computes at least what x does (so may not cost less)."""
         return y > x
 
+    @staticmethod
+    def size(x) -> int:
+        """Sort key: larger points first in `recheck`."""
+        return x
+
+    @staticmethod
+    def name(x) -> str:
+        return f"n={x:4d}"
+
+    point_s = 1.0  # the time one point's repeats aim at
+
     def predict(self, row: int, x: int) -> Optional[float]:
         """A point's time from the points measured: its own row, else the row before (times the
         context ratio: an upper bound, as if attention were all of it); None before any."""
@@ -179,16 +191,6 @@ class BudgetedTable:
                     f"point's {1000 * bound:.1f} ms; again {1000 * again:.1f} ms")
                 known[x] = min(again, bound)
 
-    @staticmethod
-    def size(x) -> int:
-        return x
-
-    @staticmethod
-    def name(x) -> str:
-        return f"n={x:4d}"
-
-    point_s = 1.0  # the time one point's repeats aim at
-
     def repeats_for(self, guess: float) -> int:
         """Fewer repeats for slow points: about point_s' worth, at least one."""
         return max(1, min(self.repeats, int(self.point_s / max(guess, 1e-6))))
@@ -222,10 +224,11 @@ def fill(engine, ctx: int, b: int) -> None:
 
 
 class TargetTimer:
-    """Forwards of b sequences of t tokens each at context ctx (`shape` = (b, t)). An engine that can copy slots (llama.cpp, whose
-    forward needs the positions before it filled) gets its slots filled once per bucket: every
-    forward starts at ctx and so replaces only what the last one wrote. The torch engine is not
-    filled: attending over zeros costs what attending over real keys does."""
+    """Forwards of b sequences of t tokens each at context ctx (`shape` = (b, t)). An engine that
+    can copy slots (llama.cpp, whose forward needs the positions before it filled) gets its slots
+    filled once per bucket: every forward starts at ctx and so replaces only what the last one
+    wrote. The torch engine is not filled: attending over zeros costs what attending over real
+    keys does."""
 
     def __init__(self, engine, max_b: int):
         self.engine, self.max_b, self.filled = engine, max_b, None

@@ -5,10 +5,10 @@ Why by shape and not by token count: on llama.cpp, B sequences of t tokens do no
 another shape of the same B x t tokens does (2-core AMD EPYC, AVX2, one profile, 2026-11-27, 1,536
 cached tokens: 32 x 1 tokens 262 ms where 8 x 4 took 209; 32 x 2 446 where 16 x 4 took 383: each
 sequence reads its own cache), and a table by token count, measured as n / 4 sequences of 4
-tokens, read one stream's 1 x 8 as 2 x 4 and 32 streams' decoding as 8 x 4. The policy reads
-this table by the iteration's shape (policy/profiles.py `target_step`). The token-batch table every policy can read (token_batch,
-target_s) is read off it at profile_costs.shape_for(n), the shapes it was measured in before, so
-it costs no time of its own.
+tokens, read one stream's 1 x 8 as 2 x 4 and 32 streams' decoding as 8 x 4. The policy reads this
+table by the iteration's shape (policy/profiles.py `target_step`). The token-batch table every
+policy can read (token_batch, target_s) is read off it at profile_costs.shape_for(n), the shapes
+it was measured in before, so it costs no time of its own.
 """
 from __future__ import annotations
 

@@ -51,7 +51,8 @@ def test_the_target_profile_is_a_table_by_shape_with_the_token_batch_table_read_
     ctxs = profile_costs.CTX_BUCKETS
     assert target["verify"] == "ragged"
     assert (target["batch"], target["tokens_per_seq"]) == (list(SHAPE_BATCH), list(SHAPE_TOKENS))
-    assert max(b for b, _ in engine.shapes) == max(SHAPE_BATCH) and max(t for _, t in engine.shapes) == max(SHAPE_TOKENS)
+    assert max(b for b, _ in engine.shapes) == max(SHAPE_BATCH)
+    assert max(t for _, t in engine.shapes) == max(SHAPE_TOKENS)
     # every shape of up to SHAPE_MAX_TOKENS tokens measured; the larger ones extended along t
     small = [[b * t <= SHAPE_MAX_TOKENS for t in SHAPE_TOKENS] for b in SHAPE_BATCH]
     assert target["shape_measured"] == [small] * len(ctxs) and not all(map(all, small))
