@@ -1,9 +1,10 @@
 """Offline profiler: the step-time and switch-cost tables the policies read.
 
 Measures on this machine, with the real engine:
-  * target forward time T(context bucket, token batch n) — AdaSpec's table; a token
-    batch of n is B = max(1, n // 4) sequences verifying n / B tokens each, the
-    shape of a speculative step (γ + 1 = 4) at that load;
+  * target forward time T(context bucket, B sequences, t tokens each), the table the policy
+    reads an iteration's shape in (build_engines/shape_table.py: one shape of n tokens does
+    not cost what another does), and from it AdaSpec's table by token batch n: B = max(1, n // 4)
+    sequences verifying n / B tokens each, the shape of a speculative step (γ + 1 = 4) at that load;
   * draft time: one decode sub-step of the model drafter (the distilled drafter
     built by build_engines/distill_drafter.py, if any; its B sequences x 1 token at
     token batch B) — without one, the n-gram drafter's ~20 µs per sequence;
@@ -14,13 +15,15 @@ Measures on this machine, with the real engine:
 
 Within a time budget. Each context bucket gets an equal share of the time left (what one does
 not use goes to the next), and inside it the points are measured in order of what the policies
-read most: token batches 1, 2, 8, 32 (batch-1 speculation and the loads' anchors), then 128
-and 4, then 16 and 64. Before each point its time is predicted from the points already
+read most: for the target's (B, t) table, batch-1 speculation and the decode anchors first
+(shape_table.SHAPE_PRIORITY); for a drafter's table by token batch, 1, 2, 8, 32, then 128 and 4,
+then 16 and 64. Before each point its time is predicted from the points already
 measured; one that would not fit in what is left of the share is skipped, and a slow point
-gets fewer repeats. Skipped points are interpolated linearly in n between measured neighbours
-(the policies interpolate the same way), so a slow engine (the batch-invariant torch engine on
-an AVX2 CPU: ~0.3 s a token at 1,536 cached tokens) gets fewer, wider samples in minutes, not
-an hour of them. The JSON records which points were measured (`measured`, `draft_measured`).
+gets fewer repeats. Skipped points are interpolated linearly between measured neighbours (in n;
+in t or B for the (B, t) table; the policies interpolate the same way), so a slow engine (the
+batch-invariant torch engine on an AVX2 CPU: ~0.3 s a token at 1,536 cached tokens) gets fewer,
+wider samples in minutes, not an hour of them. The JSON records which points were measured
+(`measured`, `shape_measured`, `draft_measured`).
 
 Each engine has its own curve (llama.cpp on a 2-core CPU is close to compute-bound,
 so verifying k tokens costs nearly k steps; torch bf16 with native bf16 makes it
@@ -54,7 +57,9 @@ TOKEN_BATCH = (1, 2, 4, 8, 16, 32, 64, 128)
 # measurement order inside a context bucket: what batch-1 speculation and the loads' anchors read first
 PRIORITY = ((1, 2, 8, 32), (128, 4), (16, 64))
 SWITCH_L_MAX, SWITCH_BATCH = (16, 64, 256, 1024), (1, 8, 32)
-PROFILE_VERSION = 2  # 2: measured within a budget; `measured` marks the points not interpolated
+# 2: measured within a budget; `measured` marks the points not interpolated. 3: the target by
+# (B, t) shape (shape_target_s, shape_measured), token_batch / target_s read off it
+PROFILE_VERSION = 3
 DEFAULT_BUDGET_S = 120.0
 DRAFTER_SHARE = 0.3  # of the budget, for a model drafter's tables (the target's table gets the rest)
 
@@ -119,31 +124,56 @@ class BudgetedTable:
         self.deadline = time.monotonic() + budget_s
         self.known: Dict[int, Dict[int, float]] = {r: {} for r in self.rows}
 
+    # the grid's shape: a subclass with other points (build_engines/shape_table.py) overrides these
+    def order(self) -> list:
+        """The points in measurement order."""
+        return priority_order(self.xs)
+
+    def interpolate(self, xs: Sequence, known: dict) -> List[float]:
+        """Every point of xs: measured where known, else interpolated from the known."""
+        return interpolate_row(xs, known)
+
+    @staticmethod
+    def dominates(y, x) -> bool:
+        """Whether point y computes at least what x does (so may not cost less)."""
+        return y > x
+
+    @staticmethod
+    def size(x) -> int:
+        """Sort key: larger points first in `recheck`."""
+        return x
+
+    @staticmethod
+    def name(x) -> str:
+        return f"n={x:4d}"
+
+    point_s = 1.0  # the time one point's repeats aim at
+
     def predict(self, row: int, x: int) -> Optional[float]:
         """A point's time from the points measured: its own row, else the row before (times the
         context ratio: an upper bound, as if attention were all of it); None before any."""
         if self.known[row]:
-            return interpolate_row([x], self.known[row])[0]
+            return self.interpolate([x], self.known[row])[0]
         i = self.rows.index(row)
         for prev in reversed(self.rows[:i]):
             if self.known[prev]:
-                return interpolate_row([x], self.known[prev])[0] * row / prev
+                return self.interpolate([x], self.known[prev])[0] * row / prev
         return None
 
     def run(self, measure: Callable[[int, int, int], float]) -> None:
         for i, row in enumerate(self.rows):
             row_deadline = time.monotonic() + (self.deadline - time.monotonic()) / (len(self.rows) - i)
-            for x in priority_order(self.xs):
+            for x in self.order():
                 guess = self.predict(row, x)
                 left = row_deadline - time.monotonic()
                 # a row's first point (n=1, the cheapest) is always measured: every row needs one
                 if self.known[row] and (self.repeats_for(guess) + 1) * guess > left:
-                    log(f"{self.label}: context {row}, n={x} skipped (~{guess * 1000:.0f} ms a call, "
+                    log(f"{self.label}: context {row}, {self.name(x)} skipped (~{guess * 1000:.0f} ms a call, "
                         f"{max(0.0, left):.0f} s of this context's share left): interpolated")
                     continue
                 repeats = self.repeats if guess is None else self.repeats_for(guess)
                 self.known[row][x] = t = measure(row, x, repeats)
-                log(f"{self.label}: context {row:5d}, n={x:4d}: {1000 * t:8.1f} ms ({repeats} repeats)")
+                log(f"{self.label}: context {row:5d}, {self.name(x)}: {1000 * t:8.1f} ms ({repeats} repeats)")
             self.recheck(row, measure)
 
     def recheck(self, row: int, measure: Callable[[int, int, int], float]) -> None:
@@ -152,21 +182,22 @@ class BudgetedTable:
         against 6 and 14, and the composite then drafted wherever it could). Such a point is
         measured again, once; if it still is, it takes the larger point's time."""
         known = self.known[row]
-        for x in sorted(known, reverse=True)[1:]:
-            bound = min(t for n, t in known.items() if n > x)
-            if known[x] > bound:
+        for x in sorted(known, key=self.size, reverse=True):  # the largest first: bounds pass down
+            above = [t for y, t in known.items() if self.dominates(y, x)]
+            if above and known[x] > min(above):
+                bound = min(above)
                 again = measure(row, x, self.repeats_for(bound))
-                log(f"{self.label}: context {row:5d}, n={x:4d}: {1000 * known[x]:.1f} ms exceeded n>{x}'s "
-                    f"{1000 * bound:.1f} ms; again {1000 * again:.1f} ms")
+                log(f"{self.label}: context {row:5d}, {self.name(x)}: {1000 * known[x]:.1f} ms exceeded a larger "
+                    f"point's {1000 * bound:.1f} ms; again {1000 * again:.1f} ms")
                 known[x] = min(again, bound)
 
     def repeats_for(self, guess: float) -> int:
-        """Fewer repeats for slow points: about a second's worth, at least one."""
-        return max(1, min(self.repeats, int(1.0 / max(guess, 1e-6))))
+        """Fewer repeats for slow points: about point_s' worth, at least one."""
+        return max(1, min(self.repeats, int(self.point_s / max(guess, 1e-6))))
 
     def table(self) -> List[List[float]]:
         """Every row over every x (run() measures at least one point of each row)."""
-        return [interpolate_row(self.xs, self.known[r]) for r in self.rows]
+        return [self.interpolate(self.xs, self.known[r]) for r in self.rows]
 
     def measured(self) -> List[List[bool]]:
         return [[x in self.known[r] for x in self.xs] for r in self.rows]
@@ -193,19 +224,20 @@ def fill(engine, ctx: int, b: int) -> None:
 
 
 class TargetTimer:
-    """Forwards of token batch n at context ctx. An engine that can copy slots (llama.cpp, whose
-    forward needs the positions before it filled) gets its slots filled once per bucket: every
-    forward starts at ctx and so replaces only what the last one wrote. The torch engine is not
-    filled: attending over zeros costs what attending over real keys does."""
+    """Forwards of b sequences of t tokens each at context ctx (`shape` = (b, t)). An engine that
+    can copy slots (llama.cpp, whose forward needs the positions before it filled) gets its slots
+    filled once per bucket: every forward starts at ctx and so replaces only what the last one
+    wrote. The torch engine is not filled: attending over zeros costs what attending over real
+    keys does."""
 
     def __init__(self, engine, max_b: int):
         self.engine, self.max_b, self.filled = engine, max_b, None
 
-    def __call__(self, ctx: int, n: int, repeats: int) -> float:
+    def __call__(self, ctx: int, shape: Tuple[int, int], repeats: int) -> float:
         if hasattr(self.engine, "copy_slot") and self.filled != ctx:
             fill(self.engine, ctx, self.max_b)
             self.filled = ctx
-        b, t = shape_for(n)
+        b, t = shape
         slots = list(range(b))
         return median_time(lambda: self.engine.forward(slots, [ctx] * b, [[7] * t] * b), repeats)
 
@@ -288,18 +320,23 @@ def target_engine(cfg, max_slots: int, max_context: int):
                       batch_invariant=cfg.batch_invariant)
 
 
+def profiled_slots() -> int:
+    """The slots the profiled engine needs: the (B, t) table's largest B."""
+    from .shape_table import SHAPE_BATCH
+    return max(SHAPE_BATCH)
+
+
 def profile_name(model: str, engine_name: str) -> str:
     """The profile file of an engine: torch/bf16 -> <model>-torch-bf16.json."""
     return f"{model}-{engine_name.replace('/', '-')}.json"
 
 
 def target_profile(engine, repeats: int, budget_s: float) -> dict:
-    """The target's step-time table, measured within budget_s."""
-    table = BudgetedTable(CTX_BUCKETS, TOKEN_BATCH, budget_s, repeats, "target")
-    timer = TargetTimer(engine, shape_for(TOKEN_BATCH[-1])[0])
-    table.run(timer)
-    return {"ctx_buckets": list(CTX_BUCKETS), "token_batch": list(TOKEN_BATCH), "target_s": table.table(),
-            "measured": table.measured()}
+    """The target's step-time tables, by (B, t) shape and by token batch, measured within budget_s."""
+    from .shape_table import SHAPE_BATCH, ShapeTable  # imported here: it builds on this module
+    table = ShapeTable(CTX_BUCKETS, budget_s, repeats, "target")
+    table.run(TargetTimer(engine, max(SHAPE_BATCH)))
+    return table.profile_fields()
 
 
 def draft_tables(drafter_dir: Path, dtype: str, repeats: int, budget_s: float) -> dict:
@@ -345,7 +382,8 @@ def profile(engine, name: str, checkpoint: Path, dtype: str, repeats: int, draft
     }
 
 
-TARGET_KEYS = ("ctx_buckets", "token_batch", "target_s", "measured")
+TARGET_KEYS = ("ctx_buckets", "token_batch", "target_s", "measured",
+               "verify", "batch", "tokens_per_seq", "shape_target_s", "shape_measured")
 
 
 def engine_build(engine_name: str) -> str:
@@ -619,7 +657,7 @@ def main(argv=None) -> int:
             return 0
         if target is not None:
             log(f"{args.out} measured {have.get('drafter')!r}, now {built!r}: measuring the drafter again")
-    engine = None if target is not None else target_engine(served, shape_for(TOKEN_BATCH[-1])[0], CTX_BUCKETS[-1] + 16)
+    engine = None if target is not None else target_engine(served, profiled_slots(), CTX_BUCKETS[-1] + 16)
     log(f"measuring {name} within {args.budget_s:.0f} s")
     result = profile(engine, name, args.checkpoint, args.dtype, args.repeats, args.drafter_dir, args.budget_s, target)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -62,7 +62,9 @@ def adaspec_step_time(profile: StepTimeProfile, k: int, batch: int, seq_len_sum:
                       draft_steps: Optional[int] = None, n_tokens: Optional[int] = None) -> float:
     """AdaSpec step time T(k) = T_draft(k) + T_target(k):
     T_draft  = k t_d[bucket((S + kB)/B)][B] + [k>0] o_d[B]
-    T_target = t_t[bucket(ctx_t)][(k+1)B] + o_t[(k+1)B],
+    T_target = t_t[bucket(ctx_t)][(k+1)B] + o_t[(k+1)B]
+               (a profile by shape of an engine that does not pad: T by the step's shape,
+               `StepTimeProfile.target_step`),
     ctx_t = ((k+1)S + B(k^2+k)/2) / ((k+1)B).
     `draft_steps` (default k) and `n_tokens` (default (k+1)B) let per-request
     lengths k_i replace the uniform k after elimination.
@@ -73,7 +75,7 @@ def adaspec_step_time(profile: StepTimeProfile, k: int, batch: int, seq_len_sum:
     if d > 0:
         t_draft = d * profile.draft((seq_len_sum + d * batch) / batch, batch) + profile.draft_overhead(batch)
     ctx_t = ((k + 1) * seq_len_sum + batch * (k * k + k) / 2) / ((k + 1) * batch)
-    return t_draft + profile.target(ctx_t, n)
+    return t_draft + profile.target_step(ctx_t, n, batch, k)
 
 
 def slo_goodput(emitted: float, step_time: float, tpot_slo_s: Optional[float]) -> float:

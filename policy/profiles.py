@@ -8,10 +8,13 @@ Step-time JSON (AdaSpec):
     {"ctx_buckets": [256, 1024], "token_batch": [1, 2, 4, ...],
      "target_s": [[...per token_batch...], ...per bucket], "draft_s": [[...]],
      "target_overhead_s": [...per token_batch], "draft_overhead_s": [...]}
-An engine that pads every draft of an iteration to one length (TensorRT-LLM 1.2) adds its
-cost shape, the target's time by batch size x tokens verified per sequence (t = 1 + gamma):
-    {"verify": "padded", "batch": [1, 2, ...], "tokens_per_seq": [1, 2, ...],
-     "padded_target_s": [[[...per t...] ...per batch] ...per bucket], ...}
+A profile may add the target's time by shape, B sequences each verifying t = 1 + gamma tokens.
+An engine that runs each sequence's own tokens (llama.cpp; build_engines/shape_table.py):
+    {"verify": "ragged", "batch": [1, 2, ...], "tokens_per_seq": [1, 2, ...],
+     "shape_target_s": [[[...per t...] ...per batch] ...per bucket], ...}
+and the policy reads an iteration of n tokens over B sequences at (B, n / B) (`target_step`).
+An engine that pads every draft of an iteration to one length (TensorRT-LLM 1.2):
+    {"verify": "padded", "batch": [...], "tokens_per_seq": [...], "padded_target_s": [[[...]]], ...}
 where token_batch / target_s may be left out (then: token_batch = batch, and target_s read
 from the padded table at B = max(1, n // 4) sequences of n / B tokens, profile_costs' shape).
 """
@@ -89,12 +92,14 @@ class StepTimeProfile:
     """AdaSpec's tables: per context bucket, forward time by token-batch size, a
     per-bucket linear fit for extrapolation beyond the grid, and fixed overheads.
 
-    Optionally the padded cost shape (`padded`): the target's time of an iteration in which
-    every one of `batch` sequences verifies t tokens, whatever their own drafts were.
+    Optionally the cost by shape (`shape_target_s`): the target's time of an iteration of
+    `batch` sequences each verifying t tokens. `verify` says how the engine runs an iteration
+    whose sequences drafted different lengths: "padded" (`padded`: every sequence verifies the
+    longest, TensorRT-LLM 1.2) or "ragged" (each its own; llama.cpp).
 
     >>> p = StepTimeProfile((512,), (1, 2), ((0.01, 0.01),), ((0.001, 0.001),), (0.0, 0.0), (0.0, 0.0),
-    ...                     padded_batch=(1, 8), padded_tokens=(1, 2),
-    ...                     padded_target_s=(((0.010, 0.011), (0.012, 0.020)),))
+    ...                     shape_batch=(1, 8), shape_tokens=(1, 2),
+    ...                     shape_target_s=(((0.010, 0.011), (0.012, 0.020)),), verify="padded")
     >>> p.padded, round(p.target_padded(100, 8, 2), 4), round(p.target_padded(100, 4.5, 2), 4)
     (True, 0.02, 0.0155)
     >>> round(p.target_padded(100, 15, 3), 4)   # beyond the grid: B=15 gives .014, .029, so t=3 .044
@@ -107,9 +112,10 @@ class StepTimeProfile:
     draft_s: Tuple[Tuple[float, ...], ...]
     target_overhead_s: Tuple[float, ...]
     draft_overhead_s: Tuple[float, ...]
-    padded_batch: Tuple[int, ...] = ()
-    padded_tokens: Tuple[int, ...] = ()  # tokens verified per sequence, t = 1 + gamma
-    padded_target_s: Tuple[Tuple[Tuple[float, ...], ...], ...] = ()  # [bucket][batch][t]
+    shape_batch: Tuple[int, ...] = ()
+    shape_tokens: Tuple[int, ...] = ()  # tokens verified per sequence, t = 1 + gamma
+    shape_target_s: Tuple[Tuple[Tuple[float, ...], ...], ...] = ()  # [bucket][batch][t]
+    verify: str = "ragged"  # "padded": the engine verifies the longest draft on every sequence
     pad_to: Optional[int] = None  # the engine pads every draft to this static length (TensorRT-LLM 1.2)
 
     def verified_per_seq(self, gamma: int) -> int:
@@ -126,7 +132,7 @@ class StepTimeProfile:
     @property
     def padded(self) -> bool:
         """Whether the engine pads drafts: then an iteration's target time is `target_padded`."""
-        return bool(self.padded_target_s)
+        return bool(self.shape_target_s) and self.verify == "padded"
 
     def bucket(self, ctx_len: float) -> int:
         """Index of the smallest bucket >= ctx_len (last bucket beyond the grid)."""
@@ -141,12 +147,43 @@ class StepTimeProfile:
 
     def target_padded(self, ctx_len: float, batch: float, tokens_per_seq: float) -> float:
         """Target time of an iteration of `batch` sequences each verifying `tokens_per_seq`
-        tokens: piecewise-linear in both inside the grid, linear beyond it (as `target`), plus
-        the fixed overhead at its token count."""
-        rows = self.padded_target_s[self.bucket(ctx_len)]
-        by_t = tuple(_extended(self.padded_batch, col, batch) for col in zip(*rows))
-        return (_extended(self.padded_tokens, by_t, tokens_per_seq)
+        tokens, from the table by shape: piecewise-linear in both inside the grid, linear beyond
+        it (as `target`), plus the fixed overhead at its token count."""
+        rows = self.shape_target_s[self.bucket(ctx_len)]
+        by_t = tuple(_extended(self.shape_batch, col, batch) for col in zip(*rows))
+        return (_extended(self.shape_tokens, by_t, tokens_per_seq)
                 + interp1(self.token_batch, self.target_overhead_s, batch * tokens_per_seq))
+
+    def target_step(self, ctx_len: float, n_tokens: float, batch: Optional[float] = None,
+                    gamma: Optional[float] = None) -> float:
+        """Target time of a step of n_tokens over `batch` sequences, the longest verifying
+        1 + gamma. With the table by shape of an engine that does not pad, and the batch: every
+        sequence verifying alike (n_tokens = batch (1 + gamma)) is one pass, T(batch, 1 + gamma).
+        A ragged step, k = (n_tokens - batch) / gamma sequences verifying 1 + gamma and the rest
+        1, is what llama.cpp runs (backend/engines/llama_cpp.py: a micro-batch takes as many
+        tokens from each of its sequences): the cheaper of one pass padded to the longest,
+        T(batch, 1 + gamma), and a pass of every sequence's first token then one of the k's
+        drafts, T(batch, 1) + T(k, gamma). (Measured, 32 sequences, 16 verifying 4: 358 and 445
+        ms by slot layout, this 381, the mean tokens per sequence T(32, 2.5) 313; docs/results.md.)
+        Without gamma, T(batch, n_tokens / batch). Otherwise the table by token count.
+
+        >>> p = StepTimeProfile((512,), (1, 64), ((0.01, 0.2),), ((0.0, 0.0),), (0.0, 0.0), (0.0, 0.0),
+        ...                     shape_batch=(1, 32), shape_tokens=(1, 2),
+        ...                     shape_target_s=(((0.010, 0.014), (0.1, 0.25)),))
+        >>> p.target_step(100, 32, 32), p.target_step(100, 64, 32, 1), round(p.target_step(100, 32), 4)
+        (0.1, 0.25, 0.1035)
+        >>> round(p.target_step(100, 33, 32, 1), 4)   # one of 32 verifying 2: 0.1 + T(1, 1)
+        0.11
+        """
+        if batch is None or self.padded or not self.shape_target_s:
+            return self.target(ctx_len, n_tokens)
+        if not gamma or n_tokens <= batch:
+            return self.target_padded(ctx_len, batch, n_tokens / batch)
+        one_pass = self.target_padded(ctx_len, batch, 1 + gamma)
+        drafting = (n_tokens - batch) / gamma
+        if drafting >= batch - 1e-9:
+            return one_pass
+        return min(one_pass, self.target_padded(ctx_len, batch, 1) + self.target_padded(ctx_len, drafting, gamma))
 
     def draft(self, ctx_len: float, batch: float) -> float:
         b = self.bucket(ctx_len)
@@ -171,14 +208,15 @@ class StepTimeProfile:
             return cls.default()
         d = _read_json(path)
         try:
-            padded = _padded_fields(d)
+            shapes = _shape_fields(d)
+            padded = shapes.get("verify") == "padded"
             token_batch = tuple(d["token_batch"] if "token_batch" in d or not padded else d["batch"])
             zeros = [0.0] * len(token_batch)
             p = cls(tuple(d["ctx_buckets"]), token_batch,
                     tuple(tuple(map(float, r)) for r in d["target_s"]) if "target_s" in d or not padded else (),
                     tuple(tuple(map(float, r)) for r in d["draft_s"]),
                     tuple(map(float, d.get("target_overhead_s", zeros))),
-                    tuple(map(float, d.get("draft_overhead_s", zeros))), **padded)
+                    tuple(map(float, d.get("draft_overhead_s", zeros))), **shapes)
         except (KeyError, TypeError, ValueError) as e:
             raise PolicyConfigError(f"step-time profile {path!r} malformed: {e}") from None
         if p.padded and not p.target_s:
@@ -186,17 +224,22 @@ class StepTimeProfile:
         return p
 
 
-def _padded_fields(d: dict) -> dict:
-    """The padded table's fields of a profile's JSON (none for an engine that does not pad)."""
-    if d.get("verify", "ragged") != "padded":
+def _shape_fields(d: dict) -> dict:
+    """The table-by-shape fields of a profile's JSON: padded_target_s for an engine that pads,
+    shape_target_s for one that does not (none in a profile without one)."""
+    verify = d.get("verify", "ragged")
+    if verify not in ("padded", "ragged"):
+        raise ValueError(f"verify must be 'padded' or 'ragged', not {verify!r}")
+    key = "padded_target_s" if verify == "padded" else "shape_target_s"
+    if key not in d and verify == "ragged":
         return {}
     ctx, batch, tokens = d["ctx_buckets"], tuple(d["batch"]), tuple(d["tokens_per_seq"])
-    table = tuple(tuple(tuple(map(float, row)) for row in rows) for rows in d["padded_target_s"])
+    table = tuple(tuple(tuple(map(float, row)) for row in rows) for rows in d[key])
     if len(table) != len(ctx) or any(len(rows) != len(batch) or any(len(r) != len(tokens) for r in rows)
                                      for rows in table):
-        raise ValueError("padded_target_s must be len(ctx_buckets) x len(batch) x len(tokens_per_seq)")
+        raise ValueError(f"{key} must be len(ctx_buckets) x len(batch) x len(tokens_per_seq)")
     pad_to = d.get("pad_to")
-    return {"padded_batch": batch, "padded_tokens": tokens, "padded_target_s": table,
+    return {"shape_batch": batch, "shape_tokens": tokens, "shape_target_s": table, "verify": verify,
             "pad_to": int(pad_to) if pad_to else None}
 
 

@@ -53,16 +53,19 @@ class StepTimeModel:
         drafter, its gamma sub-steps and its fixed overhead. With a padded profile and the
         batch size, the target part is T(batch, 1 + gamma) whatever n_tokens says: the engine
         verifies the iteration's gamma on every sequence (gamma 0: a plain step), or
-        T(batch, 1 + pad_to) when it pads to a static length (TensorRT-LLM 1.2)."""
+        T(batch, 1 + pad_to) when it pads to a static length (TensorRT-LLM 1.2). An engine that
+        does not pad, with a profile by shape: T(batch, 1 + gamma) when every sequence drafts,
+        else the cheaper of that and T(batch, 1) + T(drafting ones, gamma) (`target_step`)."""
         p = self.profile
         drafts = bool(n_model and gamma)
         padded = p.padded and batch is not None
-        size = ("batch", batch) if padded else n_tokens  # what the target's table reads
+        size = ("batch", batch) if padded else (n_tokens, batch)  # what the target's tables read
         key = (p.bucket(ctx_len + gamma / 2), p.bucket(ctx_len) if drafts else -1, size, gamma, n_model)
         t = self._profiled.get(key)  # memoised by what the tables read: the context's buckets
         if t is None:
             ctx = ctx_len + gamma / 2
-            t = p.target_padded(ctx, batch, p.verified_per_seq(gamma)) if padded else p.target(ctx, n_tokens)
+            t = (p.target_padded(ctx, batch, p.verified_per_seq(gamma)) if padded
+                 else p.target_step(ctx, n_tokens, batch, gamma))
             if drafts:
                 t += gamma * p.draft(ctx_len, n_model) + p.draft_overhead(n_model)
             self._remember(key, t)

@@ -102,7 +102,7 @@ def test_a_real_llama_cpp_profile_within_a_tight_budget(checkpoint, tmp_path, bu
     assert all(row[0] for row in again["draft_measured"]) and again["switch_cost"]["seconds"][0][0] > 0
 
 
-@pytest.mark.parametrize("module", ["build_engines.profile_costs"])
+@pytest.mark.parametrize("module", ["build_engines.profile_costs", "build_engines.shape_table"])
 def test_docstring_examples(module):
     import doctest
     import importlib

@@ -26,7 +26,7 @@ def padded(cost, buckets=(4096,)) -> StepTimeProfile:
     table = tuple(tuple(tuple(cost(b, t) for t in TOKENS) for b in BATCH) for _ in buckets)
     zeros = tuple(0.0 for _ in BATCH)
     return StepTimeProfile(buckets, BATCH, tuple(zeros for _ in buckets), tuple(zeros for _ in buckets), zeros, zeros,
-                           padded_batch=BATCH, padded_tokens=TOKENS, padded_target_s=table)
+                           shape_batch=BATCH, shape_tokens=TOKENS, shape_target_s=table, verify="padded")
 
 
 def compute_bound(b, t):

@@ -413,8 +413,8 @@ def test_the_composite_verifies_nothing_extra_under_load_and_the_pad_length_alon
     batch, tokens = (1, 2, 3), tuple(range(1, MAX_DRAFT + 2))
     table = (tuple(tuple(0.01 * (1 + (b - 1) * (t - 1)) for t in tokens) for b in batch),)
     zeros = (0.0,) * 3
-    profile = StepTimeProfile((4096,), batch, (zeros,), (zeros,), zeros, zeros, padded_batch=batch,
-                              padded_tokens=tokens, padded_target_s=table, pad_to=MAX_DRAFT)
+    profile = StepTimeProfile((4096,), batch, (zeros,), (zeros,), zeros, zeros, shape_batch=batch,
+                              shape_tokens=tokens, shape_target_s=table, verify="padded", pad_to=MAX_DRAFT)
     policy = make_policy("composite", profile=profile, drafters=["ngram", "suffix"], rng=random.Random(0),
                          prior_alpha=0.6)
     drafter = adaptive(policy)
