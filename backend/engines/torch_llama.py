@@ -113,12 +113,18 @@ class Linear:
         if on_cpu and ((weight.dtype == torch.float32 and self.PACK_FP32) or (weight.dtype == torch.bfloat16 and native_bf16())):
             try:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 64)
-                self.weight = None  # the packed copy is the weight now: do not hold both
+                if weight.dtype == torch.bfloat16:
+                    self.weight = None  # the packed copy is the weight now: do not hold both
+                # fp32 keeps the plain weight beside it (twice the weight memory; fp32 on a CPU is the
+                # reference, not the served path): the engine can still move to another device, and
+                # a head tied to the embedding stays that tensor
             except (RuntimeError, AttributeError):  # an older/other build: plain F.linear
                 self.packed = None
         elif on_cpu and weight.dtype == torch.bfloat16 and not batch_invariant:
             self.wide = self.weight.float()
         self.nbytes = weight.numel() * weight.element_size() + (self.wide.numel() * 4 if self.wide is not None else 0)
+        if self.packed is not None and self.weight is not None:
+            self.nbytes += weight.numel() * weight.element_size()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
@@ -132,7 +138,9 @@ class Linear:
         """Move the weight (and its fp32 copy) to `device`. `shared` maps a source tensor's data_ptr
         to its moved copy, so a weight tied to the embedding stays one tensor."""
         if self.packed is not None and device.type != "cpu":
-            raise ValueError("a oneDNN-packed weight cannot leave the CPU; build the engine with device=...")
+            if self.weight is None:
+                raise ValueError("a oneDNN-packed weight cannot leave the CPU; build the engine with device=...")
+            self.packed = None  # fp32: the plain weight moves, F.linear multiplies it there
         if self.weight is not None:
             moved = shared.get(self.weight.data_ptr())
             self.weight = moved if moved is not None else self.weight.to(device)
