@@ -20,18 +20,19 @@ from pathlib import Path
 DIRECT_MODEL_TYPES = frozenset({"llama"})  # model types whose hub-declared class AutoTokenizer keeps
 
 
-def _json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
+    """A checkpoint's JSON file, {} where it has none."""
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def names_its_own_class(checkpoint: Path) -> bool:
     """Whether AutoTokenizer would build TokenizersBackend for this checkpoint without a
     question its model config answers differently."""
-    tokenizer_config = _json(checkpoint / "tokenizer_config.json")
+    tokenizer_config = read_json(checkpoint / "tokenizer_config.json")
     return (tokenizer_config.get("tokenizer_class") == "TokenizersBackend"
             and "auto_map" not in tokenizer_config
             and (checkpoint / "tokenizer.json").is_file()
-            and _json(checkpoint / "config.json").get("model_type") in DIRECT_MODEL_TYPES)
+            and read_json(checkpoint / "config.json").get("model_type") in DIRECT_MODEL_TYPES)
 
 
 def load(checkpoint) -> "transformers.PreTrainedTokenizerBase":  # noqa: F821

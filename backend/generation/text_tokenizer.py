@@ -13,12 +13,14 @@ AutoTokenizer on the served checkpoint.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
 
 from tokenizers import Tokenizer
+
+from . import hf_tokenizer
+from .hf_tokenizer import read_json
 
 
 class TextTokenizer:
@@ -46,10 +48,7 @@ def load(checkpoint: Path):
     """The checkpoint's tokenizer: a TextTokenizer where its tokenizer.json says everything, else
     transformers' own tokenizer (hf_tokenizer.load)."""
     checkpoint = Path(checkpoint)
-    config_file = checkpoint / "tokenizer_config.json"
-    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    config = read_json(checkpoint / "tokenizer_config.json")
     if (checkpoint / "tokenizer.json").is_file() and not config.get("clean_up_tokenization_spaces"):
         return TextTokenizer(Tokenizer.from_file(str(checkpoint / "tokenizer.json")), config)
-    from . import hf_tokenizer  # seconds: only for checkpoints the fast path cannot serve exactly
-
-    return hf_tokenizer.load(checkpoint)
+    return hf_tokenizer.load(checkpoint)  # seconds: only for checkpoints the fast path cannot serve exactly
