@@ -68,3 +68,22 @@ def test_torch_engine_on_cuda_verifies_what_it_decodes_greedily():
     verify = eng.forward([1], [0], [prompt + out[:-1]], logit_rows=[list(range(len(prompt) - 1, len(prompt) + 31))])
     same = sum(int(a) == b for a, b in zip(verify.argmax(-1).tolist(), out))
     assert same >= 31, (same, out)
+
+
+def test_a_cpu_built_fp32_engine_moves_to_cuda_and_computes_what_it_computed_on_the_cpu():
+    """On a CPU an fp32 engine multiplies with oneDNN-packed weights (backend/engines/torch_llama.py,
+    Linear): the packed copy cannot leave the CPU, so moving the engine must drop it and multiply
+    the plain weight on the GPU: the same logits to fp32 rounding, the tied head still the embedding."""
+    from backend.engines.torch_llama import TorchLlama
+    shape = LlamaShape.from_config(CONFIG)
+    eng = TorchLlama(None, dtype="fp32", max_slots=2, max_context=256,
+                     weights=(shape, random_weights(shape, torch.float32, "cpu", seed=3)))
+    tokens = [list(range(10, 42))]
+    rows = [list(range(32))]
+    on_cpu = eng.forward([0], [0], tokens, logit_rows=rows)
+    eng.to("cuda")
+    assert eng.lm_head.weight is eng.embed and eng.embed.is_cuda
+    assert all(L.wqkv.packed is None for L in eng.layers)
+    on_gpu = eng.forward([0], [0], tokens, logit_rows=rows)
+    assert on_gpu.is_cuda
+    torch.testing.assert_close(on_gpu.cpu(), on_cpu, rtol=1e-3, atol=1e-3)
