@@ -100,9 +100,9 @@ class StepTimeProfile:
     >>> p = StepTimeProfile((512,), (1, 2), ((0.01, 0.01),), ((0.001, 0.001),), (0.0, 0.0), (0.0, 0.0),
     ...                     shape_batch=(1, 8), shape_tokens=(1, 2),
     ...                     shape_target_s=(((0.010, 0.011), (0.012, 0.020)),), verify="padded")
-    >>> p.padded, round(p.target_padded(100, 8, 2), 4), round(p.target_padded(100, 4.5, 2), 4)
+    >>> p.padded, round(p.target_shape(100, 8, 2), 4), round(p.target_shape(100, 4.5, 2), 4)
     (True, 0.02, 0.0155)
-    >>> round(p.target_padded(100, 15, 3), 4)   # beyond the grid: B=15 gives .014, .029, so t=3 .044
+    >>> round(p.target_shape(100, 15, 3), 4)   # beyond the grid: B=15 gives .014, .029, so t=3 .044
     0.044
     """
 
@@ -131,7 +131,8 @@ class StepTimeProfile:
 
     @property
     def padded(self) -> bool:
-        """Whether the engine pads drafts: then an iteration's target time is `target_padded`."""
+        """Whether the engine pads drafts: an iteration then verifies every sequence at its
+        longest draft (`target_shape` at 1 + that gamma)."""
         return bool(self.shape_target_s) and self.verify == "padded"
 
     def bucket(self, ctx_len: float) -> int:
@@ -145,9 +146,9 @@ class StepTimeProfile:
         b = self.bucket(ctx_len)
         return self._lookup(self.target_s, b, n_tokens) + interp1(self.token_batch, self.target_overhead_s, n_tokens)
 
-    def target_padded(self, ctx_len: float, batch: float, tokens_per_seq: float) -> float:
+    def target_shape(self, ctx_len: float, batch: float, tokens_per_seq: float) -> float:
         """Target time of an iteration of `batch` sequences each verifying `tokens_per_seq`
-        tokens, from the table by shape: piecewise-linear in both inside the grid, linear beyond
+        tokens (padded, or all alike), from the table by shape: piecewise-linear in both inside the grid, linear beyond
         it (as `target`), plus the fixed overhead at its token count."""
         rows = self.shape_target_s[self.bucket(ctx_len)]
         by_t = tuple(_extended(self.shape_batch, col, batch) for col in zip(*rows))
@@ -178,12 +179,12 @@ class StepTimeProfile:
         if batch is None or self.padded or not self.shape_target_s:
             return self.target(ctx_len, n_tokens)
         if not gamma or n_tokens <= batch:
-            return self.target_padded(ctx_len, batch, n_tokens / batch)
-        one_pass = self.target_padded(ctx_len, batch, 1 + gamma)
+            return self.target_shape(ctx_len, batch, n_tokens / batch)
+        one_pass = self.target_shape(ctx_len, batch, 1 + gamma)
         drafting = (n_tokens - batch) / gamma
         if drafting >= batch - 1e-9:
             return one_pass
-        return min(one_pass, self.target_padded(ctx_len, batch, 1) + self.target_padded(ctx_len, drafting, gamma))
+        return min(one_pass, self.target_shape(ctx_len, batch, 1) + self.target_shape(ctx_len, drafting, gamma))
 
     def draft(self, ctx_len: float, batch: float) -> float:
         b = self.bucket(ctx_len)
@@ -251,7 +252,7 @@ def token_batch_table(p: StepTimeProfile) -> Tuple[Tuple[float, ...], ...]:
         b = max(1, n // 4)
         return b, n / b
 
-    return tuple(tuple(p.target_padded(ctx, *shape(n)) - interp1(p.token_batch, p.target_overhead_s, n)
+    return tuple(tuple(p.target_shape(ctx, *shape(n)) - interp1(p.token_batch, p.target_overhead_s, n)
                        for n in p.token_batch) for ctx in p.ctx_buckets)
 
 

@@ -64,7 +64,7 @@ class StepTimeModel:
         t = self._profiled.get(key)  # memoised by what the tables read: the context's buckets
         if t is None:
             ctx = ctx_len + gamma / 2
-            t = (p.target_padded(ctx, batch, p.verified_per_seq(gamma)) if padded
+            t = (p.target_shape(ctx, batch, p.verified_per_seq(gamma)) if padded
                  else p.target_step(ctx, n_tokens, batch, gamma))
             if drafts:
                 t += gamma * p.draft(ctx_len, n_model) + p.draft_overhead(n_model)

@@ -10,7 +10,8 @@
 // walk serves all queries of a KV head, a block of 64 keys at a time: the block's scores come from
 // one Q8_0 matmul (q8_matmul.h: each score bit-identical to ggml's vec_dot), its V rows are
 // dequantized once (with AVX2: ggml-base's dequantize_row_q8_0 is built for plain x86-64); then
-// each query's online softmax runs over the block (scalar, expf), and last the accumulators take
+// the queries' online softmax runs over the block 8 queries at a time, one per SIMD lane (expf on 8
+// lanes at once, glibc's expf bit for bit: expf8.h), and last the accumulators take
 // the block's V rows with 32 floats of two queries held in registers (the stock loop loads and
 // stores its whole accumulator for every key).
 // Every query's own sequence of operations is the stock one, in the same order -- the same
@@ -20,6 +21,7 @@
 // them changes no bit.
 #include "ggml-cpu-impl.h"
 #include "ggml-cpu.h"
+#include "expf8.h"
 #include "ggml-impl.h"
 #include "q8_matmul.h"
 #include "specserve.h"
@@ -60,6 +62,10 @@ inline void dequantize_q8_0(const void * x, float * y, int64_t n) {
     }
 }
 
+// Queries' softmax state is worked LANES at a time (softmax_lanes); ms/vs of the queries i0..i0+7 are
+// stored key by key, [key][lane]: query i's factor for key j is at lane_at(i) + j * LANES
+constexpr int64_t LANES = 8;
+
 // vs of a key the query must not see (its mask is -inf): no update at all
 constexpr float SKIP = -1.0f;
 
@@ -68,26 +74,27 @@ constexpr float SKIP = -1.0f;
 // on these 32 floats, kept in 8 registers instead of memory. `same`: b is a (an odd query out).
 inline void accumulate(float * a, float * b, const float * v, int64_t v_stride, int64_t nk,
                        const float * ms_a, const float * vs_a, const float * ms_b, const float * vs_b, bool same) {
+    // ms/vs of one query: every LANES-th float (softmax_lanes' layout)
     __m256 x0 = _mm256_loadu_ps(a), x1 = _mm256_loadu_ps(a + 8), x2 = _mm256_loadu_ps(a + 16), x3 = _mm256_loadu_ps(a + 24);
     __m256 y0 = _mm256_loadu_ps(b), y1 = _mm256_loadu_ps(b + 8), y2 = _mm256_loadu_ps(b + 16), y3 = _mm256_loadu_ps(b + 24);
     for (int64_t j = 0; j < nk; ++j, v += v_stride) {
-        if (vs_a[j] != SKIP) {
-            if (ms_a[j] != 1.0f) {
-                const __m256 m = _mm256_set1_ps(ms_a[j]);
+        if (vs_a[j * LANES] != SKIP) {
+            if (ms_a[j * LANES] != 1.0f) {
+                const __m256 m = _mm256_set1_ps(ms_a[j * LANES]);
                 x0 = _mm256_mul_ps(x0, m); x1 = _mm256_mul_ps(x1, m); x2 = _mm256_mul_ps(x2, m); x3 = _mm256_mul_ps(x3, m);
             }
-            const __m256 w = _mm256_set1_ps(vs_a[j]);
+            const __m256 w = _mm256_set1_ps(vs_a[j * LANES]);
             x0 = _mm256_fmadd_ps(_mm256_loadu_ps(v), w, x0);
             x1 = _mm256_fmadd_ps(_mm256_loadu_ps(v + 8), w, x1);
             x2 = _mm256_fmadd_ps(_mm256_loadu_ps(v + 16), w, x2);
             x3 = _mm256_fmadd_ps(_mm256_loadu_ps(v + 24), w, x3);
         }
-        if (!same && vs_b[j] != SKIP) {
-            if (ms_b[j] != 1.0f) {
-                const __m256 m = _mm256_set1_ps(ms_b[j]);
+        if (!same && vs_b[j * LANES] != SKIP) {
+            if (ms_b[j * LANES] != 1.0f) {
+                const __m256 m = _mm256_set1_ps(ms_b[j * LANES]);
                 y0 = _mm256_mul_ps(y0, m); y1 = _mm256_mul_ps(y1, m); y2 = _mm256_mul_ps(y2, m); y3 = _mm256_mul_ps(y3, m);
             }
-            const __m256 w = _mm256_set1_ps(vs_b[j]);
+            const __m256 w = _mm256_set1_ps(vs_b[j * LANES]);
             y0 = _mm256_fmadd_ps(_mm256_loadu_ps(v), w, y0);
             y1 = _mm256_fmadd_ps(_mm256_loadu_ps(v + 8), w, y1);
             y2 = _mm256_fmadd_ps(_mm256_loadu_ps(v + 16), w, y2);
@@ -97,6 +104,73 @@ inline void accumulate(float * a, float * b, const float * v, int64_t v_stride, 
     _mm256_storeu_ps(a, x0); _mm256_storeu_ps(a + 8, x1); _mm256_storeu_ps(a + 16, x2); _mm256_storeu_ps(a + 24, x3);
     if (!same) {
         _mm256_storeu_ps(b, y0); _mm256_storeu_ps(b + 8, y1); _mm256_storeu_ps(b + 16, y2); _mm256_storeu_ps(b + 24, y3);
+    }
+}
+
+
+inline int64_t lane_at(int64_t i) {
+    return (i / LANES) * LANES * KEY_BLOCK + i % LANES;
+}
+
+// The online softmax of `lanes` (<= 8) queries over a block of nk keys, each lane one query's stock
+// sequence: s = score*scale + mask; a key it may not see (mask -inf) changes nothing (ms 1, vs SKIP);
+// s > max: ms = expf(max - s), vs = 1, max = s; else ms = 1, vs = expf(s - max); sum = fma(sum, ms, vs).
+// scores: the queries' rows (KEY_BLOCK apart); masks: their mask rows (or null); m, sum: their max and
+// sum, updated; ms, vs: [key][lane] (see lane_at).
+inline void softmax_lanes(const float * scores, const ggml_fp16_t * const * masks, int64_t kb, int64_t nk,
+                          int lanes, float scale, float * m, float * sum, float * ms_out, float * vs_out, bool vector_exp) {
+    alignas(32) float m0[LANES], s0[LANES];
+    for (int l = 0; l < LANES; ++l) {
+        const bool real = l < lanes;
+        m0[l] = real ? m[l] : -INFINITY;
+        s0[l] = real ? sum[l] : 0.0f;
+    }
+    // the lanes' scores and mask values key by key, [key][lane] (a lane past the queries sees no
+    // key): transposed here, read as vectors below (8 scalar stores just before a vector load would
+    // stall it)
+    alignas(32) float sv[KEY_BLOCK * LANES], mv[KEY_BLOCK * LANES];
+    for (int l = 0; l < LANES; ++l) {
+        const ggml_fp16_t * row = l < lanes ? masks[l] : nullptr;
+        const float * score = scores + (l < lanes ? l : 0) * KEY_BLOCK;
+        for (int64_t j = 0; j < nk; ++j) {
+            sv[j * LANES + l] = score[j];
+            mv[j * LANES + l] = l >= lanes ? -INFINITY : row ? GGML_CPU_FP16_TO_FP32(row[kb + j]) : 0.0f;
+        }
+    }
+    __m256 mx = _mm256_load_ps(m0), sx = _mm256_load_ps(s0);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), one = _mm256_set1_ps(1.0f), skip = _mm256_set1_ps(SKIP);
+    const __m256 scale8 = _mm256_set1_ps(scale);
+    alignas(32) float arg[LANES], e[LANES];
+    for (int64_t j = 0; j < nk; ++j) {
+        const __m256 mask = _mm256_load_ps(mv + j * LANES);
+        // fused with the add or not: the mask is 0 or -inf, the latter skipped (so are the lanes past
+        // the queries, whatever their scores hold)
+        const __m256 s = _mm256_add_ps(_mm256_mul_ps(_mm256_load_ps(sv + j * LANES), scale8), mask);
+        const __m256 hidden = _mm256_cmp_ps(mask, ninf, _CMP_EQ_OQ);
+        const __m256 raised = _mm256_cmp_ps(s, mx, _CMP_GT_OQ);  // false where hidden: -inf > max never holds
+        const __m256 x = _mm256_blendv_ps(_mm256_sub_ps(s, mx), _mm256_sub_ps(mx, s), raised);
+        mx = _mm256_blendv_ps(mx, s, raised);
+        __m256 ex;
+        if (vector_exp) {
+            ex = specserve::expf8(x);
+        } else {
+            _mm256_store_ps(arg, x);
+            for (int l = 0; l < LANES; ++l) {
+                e[l] = expf(arg[l]);
+            }
+            ex = _mm256_load_ps(e);
+        }
+        const __m256 ms = _mm256_blendv_ps(_mm256_blendv_ps(one, ex, raised), one, hidden);
+        const __m256 vs = _mm256_blendv_ps(_mm256_blendv_ps(ex, one, raised), skip, hidden);
+        sx = _mm256_blendv_ps(_mm256_fmadd_ps(sx, ms, vs), sx, hidden);
+        _mm256_storeu_ps(ms_out + j * LANES, ms);
+        _mm256_storeu_ps(vs_out + j * LANES, vs);
+    }
+    _mm256_store_ps(m0, mx);
+    _mm256_store_ps(s0, sx);
+    for (int l = 0; l < lanes; ++l) {
+        m[l] = m0[l];
+        sum[l] = s0[l];
     }
 }
 
@@ -175,16 +249,18 @@ bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct
     static thread_local Scratch scratch;
     Scratch & sc = scratch;  // one TLS lookup (a shared library's thread_local costs a call each time)
     const int64_t qmax = heads_per_unit * rows_per_unit;
+    const int64_t qlanes = (qmax + LANES - 1) / LANES * LANES;  // softmax_lanes works whole groups of 8
     sc.q8.resize(qmax * q_row);
-    sc.scores.resize(qmax * KEY_BLOCK);
+    sc.scores.resize(qlanes * KEY_BLOCK);
     sc.acc.resize(qmax * DV);
     sc.vrows.resize(KEY_BLOCK * DV);
-    sc.ms.resize(qmax * KEY_BLOCK);
-    sc.vs.resize(qmax * KEY_BLOCK);
-    sc.m.resize(qmax);
-    sc.s.resize(qmax);
-    sc.mask.resize(qmax);
+    sc.ms.resize(qlanes * KEY_BLOCK);
+    sc.vs.resize(qlanes * KEY_BLOCK);
+    sc.m.resize(qlanes);
+    sc.s.resize(qlanes);
+    sc.mask.resize(qlanes);
 
+    const bool vector_exp = specserve::expf8_matches_libm();
     if (params->ith == 0) {
         ggml_threadpool_chunk_set(params->threadpool, nth);
         calls.fetch_add(1, std::memory_order_relaxed);
@@ -237,37 +313,15 @@ bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct
             for (int64_t j = 0; j < nk; ++j) {
                 dequantize_q8_0(v_base + (kb + j) * nbv1, vrows + j * DV, DV);
             }
-            // 1. each query's online softmax over the block, in key order, as the stock loop:
-            //    the factor its accumulator is scaled by (ms) and V's weight (vs) per key
-            for (int64_t i = 0; i < nq; ++i) {
-                float mi = m[i], si = sum[i];
-                float * msi = ms_all + i * KEY_BLOCK;
-                float * vsi = vs_all + i * KEY_BLOCK;
-                for (int64_t j = 0; j < nk; ++j) {
-                    const float mv = masks[i] ? GGML_CPU_FP16_TO_FP32(masks[i][kb + j]) : 0.0f;
-                    if (mv == -INFINITY) {
-                        msi[j] = 1.0f;
-                        vsi[j] = SKIP;
-                        continue;
-                    }
-                    float sv = scores[i * KEY_BLOCK + j] * scale;  // fused with the add or not: mv is 0 here
-                    sv += mv;
-                    const float m_old = mi;
-                    float ms = 1.0f, vs = 1.0f;
-                    if (sv > mi) {
-                        mi = sv;
-                        ms = expf(m_old - sv);
-                    } else {
-                        vs = expf(sv - mi);
-                    }
-                    // stock's `S = S*ms + vs` is compiled to one fma (GCC contracts it with -mfma);
-                    // written out here, as the compiler left this loop's unfused (1 ulp apart)
-                    si = std::fma(si, ms, vs);
-                    msi[j] = ms;
-                    vsi[j] = vs;
-                }
-                m[i] = mi;
-                sum[i] = si;
+            // 1. each query's online softmax over the block, in key order, as the stock loop: the
+            //    factor its accumulator is scaled by (ms) and V's weight (vs) per key. Eight queries
+            //    at a time, one per lane: every lane runs its own query's stock sequence (the same
+            //    compares, the same expf -- 8 at a time where expf8 is proven to be this libm's:
+            //    expf8.h -- the same fma), so the lanes change no bit, and the serial chain of
+            //    each query's max and sum runs beside seven others instead of alone.
+            for (int64_t i0 = 0; i0 < nq; i0 += LANES) {
+                softmax_lanes(scores + i0 * KEY_BLOCK, masks + i0, kb, nk, (int) std::min(LANES, nq - i0), scale,
+                              m + i0, sum + i0, ms_all + i0 * KEY_BLOCK, vs_all + i0 * KEY_BLOCK, vector_exp);
             }
             // 2. the accumulators, 32 floats at a time in registers for two queries, take the same
             //    products in the same order as ggml_vec_scale_f32 / ggml_vec_mad_f32 would (a
@@ -276,8 +330,7 @@ bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct
                 const int64_t i1 = std::min(i + 1, nq - 1);  // an odd last query runs beside itself
                 for (int64_t h = 0; h < DV; h += 32) {
                     accumulate(acc_all + i * DV + h, acc_all + i1 * DV + h, vrows + h, DV, nk,
-                               ms_all + i * KEY_BLOCK, vs_all + i * KEY_BLOCK,
-                               ms_all + i1 * KEY_BLOCK, vs_all + i1 * KEY_BLOCK, i1 == i);
+                               ms_all + lane_at(i), vs_all + lane_at(i), ms_all + lane_at(i1), vs_all + lane_at(i1), i1 == i);
                 }
             }
         }

@@ -63,7 +63,7 @@ def test_engine_trtllm_writes_a_padded_profile_the_policies_load(tmp_path, monke
     for ctx in d["ctx_buckets"]:
         for b in (1, 32, 128):
             for t in profile_costs.TRTLLM_TOKENS:
-                assert p.target_padded(ctx, b, t) == pytest.approx(fake_cost(ctx, b, t), abs=1e-7)
+                assert p.target_shape(ctx, b, t) == pytest.approx(fake_cost(ctx, b, t), abs=1e-7)
     # there: a second run measures nothing
     log.clear()
     assert profile_costs.main(argv) == 0 and not log

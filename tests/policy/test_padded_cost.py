@@ -46,9 +46,9 @@ def composite(profile, **kw):
 def test_the_padded_table_interpolates_in_batch_and_tokens_and_extrapolates_linearly():
     p = padded(compute_bound)
     assert p.padded and not StepTimeProfile.default().padded
-    assert p.target_padded(100, 16, 3) == pytest.approx(compute_bound(16, 3))  # a grid point
-    assert p.target_padded(100, 40, 2.5) == pytest.approx(compute_bound(40, 2.5))  # inside: bilinear = exact here
-    assert p.target_padded(100, 256, 12) == pytest.approx(compute_bound(256, 12))  # beyond: the linear fit
+    assert p.target_shape(100, 16, 3) == pytest.approx(compute_bound(16, 3))  # a grid point
+    assert p.target_shape(100, 40, 2.5) == pytest.approx(compute_bound(40, 2.5))  # inside: bilinear = exact here
+    assert p.target_shape(100, 256, 12) == pytest.approx(compute_bound(256, 12))  # beyond: the linear fit
 
 
 def test_a_padded_profile_file_loads_with_its_token_batch_table_derived(tmp_path):
@@ -60,7 +60,7 @@ def test_a_padded_profile_file_loads_with_its_token_batch_table_derived(tmp_path
     path.write_text(json.dumps(d))
     p = StepTimeProfile.load(str(path))
     assert p.padded and p.token_batch == BATCH and p.ctx_buckets == (512, 2048)
-    assert p.target_padded(2000, 64, 5) == pytest.approx(compute_bound(64, 5) * 2)  # the 2048 bucket
+    assert p.target_shape(2000, 64, 5) == pytest.approx(compute_bound(64, 5) * 2)  # the 2048 bucket
     # AdaSpec and SmartSpec read n tokens as B = n // 4 sequences of 4 (profile_costs' shape)
     assert p.target(100, 64) == pytest.approx(compute_bound(16, 4) * 1.25)
     assert p.target(100, 1) == pytest.approx(compute_bound(1, 1) * 1.25)
@@ -86,7 +86,7 @@ def test_with_a_padded_profile_the_batch_pays_the_iterations_gamma_whatever_the_
     p = padded(compute_bound)
     m = StepTimeModel(p, ema=0.2)
     for n_tokens in (64, 65, 64 + 64 * 3):  # one sequence drafting 3, or all 64 of them: the same step
-        assert m.profiled(1000.0, n_tokens, 3, 0, batch=64) == pytest.approx(p.target_padded(1001.5, 64, 4))
+        assert m.profiled(1000.0, n_tokens, 3, 0, batch=64) == pytest.approx(p.target_shape(1001.5, 64, 4))
     assert m.profiled(1000.0, 64, 0, 0, batch=64) == pytest.approx(compute_bound(64, 1))  # a plain step
     row = m.row(64, 64, 1000.0, 1, 0, 8)  # one sequence of 64 drafting g
     assert row == pytest.approx([compute_bound(64, 1 + g) for g in range(9)])
@@ -221,8 +221,8 @@ def test_the_default_trtllm_curve_says_where_it_came_from():
         assert word in d["source"]
     p = StepTimeProfile.load(str(TRTLLM_DEFAULTS["profile_path"]))
     # the H200's kernel times (docs/results.md): 13.52 ms for 128 plain steps at 512 cached, 32.98 at t = 7
-    assert p.target_padded(512, 128, 1) == pytest.approx(0.01352, abs=1e-5)
-    assert p.target_padded(512, 128, 8) == pytest.approx(0.03298, abs=1e-5)  # t=8 read up to t=7's (monotone)
+    assert p.target_shape(512, 128, 1) == pytest.approx(0.01352, abs=1e-5)
+    assert p.target_shape(512, 128, 8) == pytest.approx(0.03298, abs=1e-5)  # t=8 read up to t=7's (monotone)
     assert p.draft(512, 1) == pytest.approx(0.00182, abs=1e-5)
 
 
