@@ -148,8 +148,8 @@ class StepTimeProfile:
 
     def target_shape(self, ctx_len: float, batch: float, tokens_per_seq: float) -> float:
         """Target time of an iteration of `batch` sequences each verifying `tokens_per_seq`
-        tokens (padded, or all alike), from the table by shape: piecewise-linear in both inside the grid, linear beyond
-        it (as `target`), plus the fixed overhead at its token count."""
+        tokens (padded, or all alike), from the table by shape: piecewise-linear in both inside
+        the grid, linear beyond it (as `target`), plus the fixed overhead at its token count."""
         rows = self.shape_target_s[self.bucket(ctx_len)]
         by_t = tuple(_extended(self.shape_batch, col, batch) for col in zip(*rows))
         return (_extended(self.shape_tokens, by_t, tokens_per_seq)

@@ -20,7 +20,6 @@ from typing import Optional
 from tokenizers import Tokenizer
 
 from . import hf_tokenizer
-from .hf_tokenizer import read_json
 
 
 class TextTokenizer:
@@ -48,7 +47,7 @@ def load(checkpoint: Path):
     """The checkpoint's tokenizer: a TextTokenizer where its tokenizer.json says everything, else
     transformers' own tokenizer (hf_tokenizer.load)."""
     checkpoint = Path(checkpoint)
-    config = read_json(checkpoint / "tokenizer_config.json")
+    config = hf_tokenizer.read_json(checkpoint / "tokenizer_config.json")
     if (checkpoint / "tokenizer.json").is_file() and not config.get("clean_up_tokenization_spaces"):
         return TextTokenizer(Tokenizer.from_file(str(checkpoint / "tokenizer.json")), config)
     return hf_tokenizer.load(checkpoint)  # seconds: only for checkpoints the fast path cannot serve exactly

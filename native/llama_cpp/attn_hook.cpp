@@ -66,6 +66,10 @@ inline void dequantize_q8_0(const void * x, float * y, int64_t n) {
 // stored key by key, [key][lane]: query i's factor for key j is at lane_at(i) + j * LANES
 constexpr int64_t LANES = 8;
 
+inline int64_t lane_at(int64_t i) {
+    return (i / LANES) * LANES * KEY_BLOCK + i % LANES;
+}
+
 // vs of a key the query must not see (its mask is -inf): no update at all
 constexpr float SKIP = -1.0f;
 
@@ -107,10 +111,6 @@ inline void accumulate(float * a, float * b, const float * v, int64_t v_stride, 
     }
 }
 
-
-inline int64_t lane_at(int64_t i) {
-    return (i / LANES) * LANES * KEY_BLOCK + i % LANES;
-}
 
 // The online softmax of `lanes` (<= 8) queries over a block of nk keys, each lane one query's stock
 // sequence: s = score*scale + mask; a key it may not see (mask -inf) changes nothing (ms 1, vs SKIP);
@@ -249,16 +249,16 @@ bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct
     static thread_local Scratch scratch;
     Scratch & sc = scratch;  // one TLS lookup (a shared library's thread_local costs a call each time)
     const int64_t qmax = heads_per_unit * rows_per_unit;
-    const int64_t qlanes = (qmax + LANES - 1) / LANES * LANES;  // softmax_lanes works whole groups of 8
+    const int64_t qlanes = (qmax + LANES - 1) / LANES * LANES;  // softmax_lanes stores ms/vs of whole groups of 8
     sc.q8.resize(qmax * q_row);
-    sc.scores.resize(qlanes * KEY_BLOCK);
+    sc.scores.resize(qmax * KEY_BLOCK);
     sc.acc.resize(qmax * DV);
     sc.vrows.resize(KEY_BLOCK * DV);
     sc.ms.resize(qlanes * KEY_BLOCK);
     sc.vs.resize(qlanes * KEY_BLOCK);
-    sc.m.resize(qlanes);
-    sc.s.resize(qlanes);
-    sc.mask.resize(qlanes);
+    sc.m.resize(qmax);
+    sc.s.resize(qmax);
+    sc.mask.resize(qmax);
 
     const bool vector_exp = specserve::expf8_matches_libm();
     if (params->ith == 0) {
