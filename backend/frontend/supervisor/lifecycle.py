@@ -17,11 +17,11 @@ from ...served import SERVED_ENV, write
 from ...server_config import ServerConfig
 from ...wire import INTERNAL_HEADER
 from .errors import LaunchError
-from .processes import TRITON_STOP_S, alive, signal_name, spawn
+from .processes import TRITON_STOP_S, signal_name, spawn
 from .restarts import MAX_RESTARTS, RESTART_WINDOW_S, RestartPolicy
 from .server_secrets import (UpstreamKeys, argv_env_library, fill_placeholders, private_socket_path, server_secrets,
                              unix_http)
-from .stubs import reap_stubs, stub_processes, zombie_stubs
+from .stubs import reap_stubs, server_stubs
 from .triton_command import ARGV_ENV_DIR, EXIT_TIMEOUT_S, Ports, server_env
 from .triton_watch import StartDeadlines, Stub, TritonWatch
 
@@ -110,12 +110,12 @@ class Supervisor:
             if time.monotonic() < next_check:
                 continue
             next_check = time.monotonic() + 0.5
-            mine = [(pid, argv) for pid, argv in stub_processes() if argv[5] == str(self.proc.pid) and alive(pid)]
+            mine, zombies = server_stubs(self.proc.pid)
             self.regions.update(Path(argv[2]).name for _, argv in mine)  # removed when this server is gone
             loading = watch.ready_after is None
             ready = not loading or await loop.run_in_executor(None, self._ready)
             seen = [Stub.from_argv(pid, argv, False) for pid, argv in mine]
-            reason = watch.check(ready, seen + [Stub(pid, None, True) for pid in zombie_stubs(self.proc.pid)])
+            reason = watch.check(ready, seen + [Stub(pid, None, True) for pid in zombies])
             if loading and watch.ready_after is not None:
                 self.deadlines.loaded(watch.ready_after)
                 print(f"tritonserver is ready ({watch.ready_after:.1f} s after it started)", flush=True)

@@ -29,21 +29,46 @@ def stub_processes() -> list:
     return out
 
 
-def zombie_stubs(server_pid: int) -> list:
-    """Pids of `server_pid`'s Python-backend stubs that died and it has not reaped. A zombie has no
-    command line any more (stub_processes() cannot see it): its name (15 characters) and parent tell."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
+def server_stubs(server_pid: int) -> tuple:
+    """`server_pid`'s Python-backend stubs -> ([(pid, argv)] alive, [pid] dead and not reaped), in
+    one pass over /proc that reads each process's `stat` alone (name, state, parent) and the
+    command line of the server's stubs only. The supervisor runs it every 0.5 s while serving,
+    on cores the engine's threads fill: reading every process's command line and stat through
+    pathlib cost ~7 ms of CPU a pass (~0.2 ms an output token at one stream). A zombie has no
+    command line any more: its name (15 characters) and parent tell."""
+    live, zombies, parent = [], [], str(server_pid)
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
             continue
+        stat = _read(f"/proc/{entry.name}/stat")
         try:
-            comm, rest = (d / "stat").read_text().split(" (", 1)[1].rsplit(") ", 1)
-        except (OSError, ValueError, IndexError):
+            comm, rest = stat.split(b" (", 1)[1].rsplit(b") ", 1)
+            state, ppid = rest.split(b" ", 2)[:2]
+        except ValueError:
             continue
-        fields = rest.split()
-        if comm == STUB[:15] and fields[0] == "Z" and fields[1] == str(server_pid):
-            out.append(int(d.name))
-    return out
+        if comm != STUB[:15].encode() or ppid.decode() != parent:
+            continue
+        if state == b"Z":
+            zombies.append(int(entry.name))
+            continue
+        argv = [a.decode(errors="replace") for a in _read(f"/proc/{entry.name}/cmdline").split(b"\0")]
+        if len(argv) > 5 and argv[5] == parent:
+            live.append((int(entry.name), argv))
+    return live, zombies
+
+
+def _read(path: str) -> bytes:
+    """A small /proc file's bytes (b"" if the process is gone)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, 1 << 16)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
 
 
 def reap_stubs(server_pid: int | None = None, shm_dir: Path = Path("/dev/shm"), min_age_s: float = 60.0) -> int:

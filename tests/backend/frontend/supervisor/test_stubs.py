@@ -1,0 +1,46 @@
+"""Finding a server's Python-backend stubs through /proc (backend/frontend/supervisor/stubs.py),
+with real processes: `sleep` started under the stub's name, this test process as their server."""
+import os
+import signal
+import subprocess
+import time
+
+from backend.frontend.supervisor.stubs import STUB, server_stubs, stub_processes
+
+
+def _fake_stub(tmp_path, server_pid: int) -> subprocess.Popen:
+    """A process named like a stub whose argv[5] names `server_pid` (GNU sleep adds its arguments)."""
+    exe = tmp_path / STUB
+    if not exe.exists():
+        exe.symlink_to("/bin/sleep")
+    return subprocess.Popen([str(exe), "600", "0", "0", "0", str(server_pid)])
+
+
+def _wait_state(pid: int, state: bytes, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            if f.read().rsplit(b") ", 1)[1].split()[0] == state:
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} never reached state {state!r}")
+
+
+def test_a_servers_live_and_dead_stubs_are_found_and_no_other_process(tmp_path):
+    stub = _fake_stub(tmp_path, os.getpid())
+    stranger = subprocess.Popen(["/bin/sleep", "600", "0", "0", "0", str(os.getpid())])  # another name
+    try:
+        live, zombies = server_stubs(os.getpid())
+        assert [pid for pid, _ in live] == [stub.pid] and zombies == []
+        assert live[0][1][1:6] == ["600", "0", "0", "0", str(os.getpid())]
+        assert stub.pid in [pid for pid, _ in stub_processes()]  # the slower full scan agrees
+        assert server_stubs(os.getpid() + 1_000_000) == ([], [])  # another server's: none
+        os.kill(stub.pid, signal.SIGKILL)
+        _wait_state(stub.pid, b"Z")  # dead, not reaped (by us, its "server")
+        live, zombies = server_stubs(os.getpid())
+        assert live == [] and zombies == [stub.pid]
+    finally:
+        for p in (stub, stranger):
+            p.kill()
+            p.wait()
+    assert server_stubs(os.getpid()) == ([], [])
