@@ -227,20 +227,20 @@ bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct
     }
     const int64_t heads_per_kv = neq2 / nek2;
 
-    // Units of work: (sequence stream, KV head, query heads, query rows). Enough of them for the
-    // threads to share; each stays within MAX_QUERIES.
+    // Units of work: (sequence stream, KV head, query rows), every query head of the KV head in
+    // one unit, rows split only to keep a unit within MAX_QUERIES. A unit's cost is mostly its walk
+    // over the keys (scores, V rows dequantized, the softmax's lanes), hardly its queries: splitting
+    // a few queries into more units to share them between threads (one unit per query head when
+    // decoding one or two sequences, per 3 rows of a verification) made each thread walk the keys
+    // more often. One unit per KV head instead (2 cores, AVX2, B = 1, 1,024 cached: t = 1 18.2 /
+    // 19.1 -> 14.4 / 16.9 ms a step; B = 2 24.8 / 29.1 -> 18.4 / 21.1; docs/results.md).
     const int nth = params->nth;
     const int64_t groups = neq3 * nek2;
-    int64_t head_split = 1, row_split = 1;
-    if (groups * std::min<int64_t>(N, 4) < 4 * nth) {
-        head_split = heads_per_kv;  // few queries (decoding a few sequences): one unit per head too
-    }
-    const int64_t heads_per_unit = heads_per_kv / head_split;
-    row_split = std::max<int64_t>((N * heads_per_unit + MAX_QUERIES - 1) / MAX_QUERIES,
-                                  std::min<int64_t>(N, (4 * nth + groups * head_split - 1) / (groups * head_split)));
-    const int64_t rows_per_unit = (N + row_split - 1) / row_split;
-    row_split = (N + rows_per_unit - 1) / rows_per_unit;
-    const int64_t units = groups * head_split * row_split;
+    const int64_t heads_per_unit = heads_per_kv;
+    const int64_t rows_per_unit = (N + (N * heads_per_unit + MAX_QUERIES - 1) / MAX_QUERIES - 1) /
+                                  ((N * heads_per_unit + MAX_QUERIES - 1) / MAX_QUERIES);  // even chunks
+    const int64_t row_split = (N + rows_per_unit - 1) / rows_per_unit;
+    const int64_t units = groups * row_split;
 
     const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
     const size_t q_row = ggml_row_size(GGML_TYPE_Q8_0, DK);
@@ -268,9 +268,9 @@ bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct
     ggml_barrier(params->threadpool);
 
     for (int64_t unit = params->ith; unit < units; unit = ggml_threadpool_chunk_add(params->threadpool, 1)) {
-        const int64_t rc = unit % row_split, hc = (unit / row_split) % head_split, g = unit / (row_split * head_split);
+        const int64_t rc = unit % row_split, g = unit / row_split;
         const int64_t iq3 = g / nek2, ik2 = g % nek2;
-        const int64_t h0 = ik2 * heads_per_kv + hc * heads_per_unit;
+        const int64_t h0 = ik2 * heads_per_kv;
         const int64_t r0 = rc * rows_per_unit, nr = std::min(N, r0 + rows_per_unit) - r0;
         const int64_t nq = heads_per_unit * nr;  // query i: head h0 + i / nr, row r0 + i % nr
 
