@@ -40,12 +40,10 @@ def server_stubs(server_pid: int) -> tuple:
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
-        stat = _read(f"/proc/{entry.name}/stat")
-        try:
-            comm, rest = stat.split(b" (", 1)[1].rsplit(b") ", 1)
-            state, ppid = rest.split(b" ", 2)[:2]
-        except ValueError:
+        fields = parse_stat(_read(f"/proc/{entry.name}/stat"))
+        if fields is None:  # gone since the listing
             continue
+        comm, state, ppid = fields
         if comm != STUB[:15].encode() or ppid.decode() != parent:
             continue
         if state == b"Z":
@@ -55,6 +53,18 @@ def server_stubs(server_pid: int) -> tuple:
         if len(argv) > 5 and argv[5] == parent:
             live.append((int(entry.name), argv))
     return live, zombies
+
+
+def parse_stat(raw: bytes):
+    """A /proc/<pid>/stat's (name, state, parent pid) as bytes, or None when it is not one (empty:
+    the process is gone). The name sits in parentheses and may itself hold spaces or ") "."""
+    head, sep, rest = raw.rpartition(b") ")
+    if not sep or b" (" not in head:
+        return None
+    fields = rest.split(b" ", 2)
+    if len(fields) < 2:
+        return None
+    return head.split(b" (", 1)[1], fields[0], fields[1]
 
 
 def _read(path: str) -> bytes:

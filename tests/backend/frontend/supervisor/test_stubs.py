@@ -44,3 +44,39 @@ def test_a_servers_live_and_dead_stubs_are_found_and_no_other_process(tmp_path):
             p.kill()
             p.wait()
     assert server_stubs(os.getpid()) == ([], [])
+
+
+def test_a_stat_line_is_parsed_whatever_its_name_holds_and_a_gone_process_is_skipped():
+    from backend.frontend.supervisor.stubs import parse_stat
+
+    assert parse_stat(b"42 (triton_python_b) S 7 42 42 0 -1") == (b"triton_python_b", b"S", b"7")
+    assert parse_stat(b"42 (a) b (c) d) Z 9 1 2") == (b"a) b (c) d", b"Z", b"9")  # a name with ") " in it
+    assert parse_stat(b"") is None  # the process left between the listing and the read
+    assert parse_stat(b"42 (x)") is None and parse_stat(b"garbage") is None
+    with open(f"/proc/{os.getpid()}/stat", "rb") as f:
+        name, state, parent = parse_stat(f.read())
+    assert state in (b"R", b"S") and int(parent) == os.getppid()
+
+
+def test_processes_coming_and_going_during_the_pass_never_break_it():
+    """The supervisor's watch crashed (IndexError) when a process left between the listing of
+    /proc and the read of its stat: the pass now runs while short-lived processes churn."""
+    import threading
+
+    stop = threading.Event()
+
+    def churn():
+        while not stop.is_set():
+            subprocess.run(["/bin/true"])
+
+    threads = [threading.Thread(target=churn) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            assert server_stubs(os.getpid()) == ([], [])
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
