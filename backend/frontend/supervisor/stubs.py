@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from .processes import alive
+from .processes import alive, proc_stat, read_proc
 
 STUB = "triton_python_backend_stub"
 SHM_PREFIX = "triton_python_backend_shm_region_"
@@ -40,7 +40,7 @@ def server_stubs(server_pid: int) -> tuple:
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
-        fields = parse_stat(_read(f"/proc/{entry.name}/stat"))
+        fields = proc_stat(entry.name)
         if fields is None:  # gone since the listing
             continue
         comm, state, ppid = fields
@@ -49,36 +49,10 @@ def server_stubs(server_pid: int) -> tuple:
         if state == b"Z":
             zombies.append(int(entry.name))
             continue
-        argv = [a.decode(errors="replace") for a in _read(f"/proc/{entry.name}/cmdline").split(b"\0")]
+        argv = [a.decode(errors="replace") for a in read_proc(f"/proc/{entry.name}/cmdline").split(b"\0")]
         if len(argv) > 5 and argv[5] == parent:
             live.append((int(entry.name), argv))
     return live, zombies
-
-
-def parse_stat(raw: bytes):
-    """A /proc/<pid>/stat's (name, state, parent pid) as bytes, or None when it is not one (empty:
-    the process is gone). The name sits in parentheses and may itself hold spaces or ") "."""
-    head, sep, rest = raw.rpartition(b") ")
-    if not sep or b" (" not in head:
-        return None
-    fields = rest.split(b" ", 2)
-    if len(fields) < 2:
-        return None
-    return head.split(b" (", 1)[1], fields[0], fields[1]
-
-
-def _read(path: str) -> bytes:
-    """A small /proc file's bytes (b"" if the process is gone)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return b""
-    try:
-        return os.read(fd, 1 << 16)
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
 
 
 def reap_stubs(server_pid: int | None = None, shm_dir: Path = Path("/dev/shm"), min_age_s: float = 60.0) -> int:

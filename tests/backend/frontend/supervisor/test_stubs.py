@@ -5,6 +5,7 @@ import signal
 import subprocess
 import time
 
+from backend.frontend.supervisor.processes import proc_stat
 from backend.frontend.supervisor.stubs import STUB, server_stubs, stub_processes
 
 
@@ -19,9 +20,8 @@ def _fake_stub(tmp_path, server_pid: int) -> subprocess.Popen:
 def _wait_state(pid: int, state: bytes, timeout_s: float = 5.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            if f.read().rsplit(b") ", 1)[1].split()[0] == state:
-                return
+        if proc_stat(pid)[1] == state:
+            return
         time.sleep(0.01)
     raise AssertionError(f"process {pid} never reached state {state!r}")
 
@@ -47,7 +47,7 @@ def test_a_servers_live_and_dead_stubs_are_found_and_no_other_process(tmp_path):
 
 
 def test_a_stat_line_is_parsed_whatever_its_name_holds_and_a_gone_process_is_skipped():
-    from backend.frontend.supervisor.stubs import parse_stat
+    from backend.frontend.supervisor.processes import parse_stat
 
     assert parse_stat(b"42 (triton_python_b) S 7 42 42 0 -1") == (b"triton_python_b", b"S", b"7")
     assert parse_stat(b"42 (a) b (c) d) Z 9 1 2") == (b"a) b (c) d", b"Z", b"9")  # a name with ") " in it
