@@ -237,8 +237,8 @@ bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct
     const int nth = params->nth;
     const int64_t groups = neq3 * nek2;
     const int64_t heads_per_unit = heads_per_kv;
-    const int64_t rows_per_unit = (N + (N * heads_per_unit + MAX_QUERIES - 1) / MAX_QUERIES - 1) /
-                                  ((N * heads_per_unit + MAX_QUERIES - 1) / MAX_QUERIES);  // even chunks
+    const int64_t chunks = (N * heads_per_unit + MAX_QUERIES - 1) / MAX_QUERIES;  // a KV head's units at least
+    const int64_t rows_per_unit = (N + chunks - 1) / chunks;                      // rows shared evenly
     const int64_t row_split = (N + rows_per_unit - 1) / rows_per_unit;
     const int64_t units = groups * row_split;
 
