@@ -1,0 +1,137 @@
+// The int8 floor of this CPU for Q8_0 products, against what our kernel reaches
+// (bench/bench_int8_floor.py compiles and runs it; prints one JSON object).
+//
+// Costs are per block-row: one 32-weight Q8_0 block times one activation row (32 multiply-adds),
+// in cycles of the time-stamp counter (the nominal clock), one thread.
+//   mix_*  the AVX2 instruction sequences on registers only: 8 independent block-rows an
+//          iteration, nothing loaded, so only the execution ports limit them:
+//          madd        vpmaddubsw + vpmaddwd (the int8 multiply-add itself)
+//          signed      + vpsignb (Q8_0 quants are signed: |w| and sign(a, w) feed maddubs)
+//          stock       + vcvtdq2ps + vfmadd231ps (ggml's vec_dot_q8_0_q8_0 order: each block's
+//                      8 int32 lanes converted and fma'd with the block's scale product)
+//          stock_bcast + the scale product broadcast from memory, as a kernel must
+//   tile_* specserve_q8_0_matmul_scaled (native/llama_cpp/q8_matmul.cpp) on the served model's
+//          matmuls (SmolLM2-135M: 30 layers x q, k, v, o, gate, up, down, and the output), in the
+//          row chunks ggml_hook.c gives a thread, for t activation rows:
+//          hot   every chunk reads the same first rows of its matrix (in L1/L2: compute only)
+//          cold  the whole model's weights (143 MB), as a decoding step reads them
+#include "q8_matmul.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <x86intrin.h>
+
+#include <vector>
+
+static double tsc_ghz() {  // TSC ticks a nanosecond, against the monotonic clock
+    timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    const uint64_t t0 = __rdtsc();
+    do { clock_gettime(CLOCK_MONOTONIC, &b); } while ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec) < 2e8);
+    const uint64_t t1 = __rdtsc();
+    return (double)(t1 - t0) / ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec));
+}
+
+#define CLOBBERS "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", \
+                 "xmm11", "xmm12", "xmm13", "xmm14", "memory"
+// one block-row: t = temporary, acc = accumulator; ymm8..ymm12 are inputs never written
+#define MADD(t, acc) "vpmaddubsw %%ymm9, %%ymm10, " t "\n vpmaddwd %%ymm11, " t ", " t "\n vpaddd " t ", " acc ", " acc "\n"
+#define SIGNED(t, acc) "vpsignb %%ymm8, %%ymm9, " t "\n vpmaddubsw " t ", %%ymm10, " t "\n vpmaddwd %%ymm11, " t ", " t "\n vpaddd " t ", " acc ", " acc "\n"
+#define STOCK(t, acc) "vpsignb %%ymm8, %%ymm9, " t "\n vpmaddubsw " t ", %%ymm10, " t "\n vpmaddwd %%ymm11, " t ", " t "\n vcvtdq2ps " t ", " t "\n vfmadd231ps %%ymm12, " t ", " acc "\n"
+#define BCAST(t, acc, off) "vbroadcastss " off "(%0), %%ymm13\n vpsignb %%ymm8, %%ymm9, " t "\n vpmaddubsw " t ", %%ymm10, " t "\n vpmaddwd %%ymm11, " t ", " t "\n vcvtdq2ps " t ", " t "\n vfmadd231ps %%ymm13, " t ", " acc "\n"
+#define EIGHT(M) M("%%ymm0", "%%ymm4") M("%%ymm1", "%%ymm5") M("%%ymm2", "%%ymm6") M("%%ymm3", "%%ymm7") \
+                 M("%%ymm0", "%%ymm4") M("%%ymm1", "%%ymm5") M("%%ymm2", "%%ymm6") M("%%ymm3", "%%ymm7")
+
+static float scratch[64];
+
+template <int K>
+static double mix(long iters) {  // TSC cycles per block-row
+    const uint64_t t0 = __rdtsc();
+    for (long i = 0; i < iters; ++i) {
+        if (K == 0) __asm__ volatile(EIGHT(MADD) ::"r"(scratch) : CLOBBERS);
+        if (K == 1) __asm__ volatile(EIGHT(SIGNED) ::"r"(scratch) : CLOBBERS);
+        if (K == 2) __asm__ volatile(EIGHT(STOCK) ::"r"(scratch) : CLOBBERS);
+        if (K == 3) __asm__ volatile(BCAST("%%ymm0", "%%ymm4", "0") BCAST("%%ymm1", "%%ymm5", "4") BCAST("%%ymm2", "%%ymm6", "8")
+                                     BCAST("%%ymm3", "%%ymm7", "12") BCAST("%%ymm0", "%%ymm4", "16") BCAST("%%ymm1", "%%ymm5", "20")
+                                     BCAST("%%ymm2", "%%ymm6", "24") BCAST("%%ymm3", "%%ymm7", "28") ::"r"(scratch) : CLOBBERS);
+    }
+    return (double)(__rdtsc() - t0) / (iters * 8.0);
+}
+
+struct Matrix {
+    int64_t rows, nb;
+    std::vector<specserve_block_q8_0> w;
+};
+
+int main(int argc, char ** argv) {
+    const int rounds = argc > 1 ? atoi(argv[1]) : 7;
+    const double ghz = tsc_ghz();
+    srand(1);
+    std::vector<Matrix> model;
+    auto add = [&](int64_t rows, int64_t k) {
+        Matrix m{rows, k / 32, std::vector<specserve_block_q8_0>(rows * (k / 32))};
+        for (auto & b : m.w) {
+            b.d = 0x2000 + (rand() & 0xff);
+            for (auto & q : b.qs) q = (int8_t)(rand() % 255 - 127);
+        }
+        model.push_back(std::move(m));
+    };
+    for (int layer = 0; layer < 30; ++layer) {
+        add(576, 576); add(192, 576); add(192, 576); add(576, 576); add(1536, 576); add(1536, 576); add(576, 1536);
+    }
+    add(49152, 576);
+    double block_rows = 0, bytes = 0;
+    for (auto & m : model) block_rows += (double)m.rows * m.nb, bytes += (double)m.rows * m.nb * sizeof(specserve_block_q8_0);
+    std::vector<specserve_block_q8_0> act(16 * 48);
+    for (auto & b : act) {
+        b.d = 0x2400;
+        for (auto & q : b.qs) q = (int8_t)(rand() % 255 - 127);
+    }
+    std::vector<float> scales(specserve_q8_0_act_scales_size(16, 48)), dst(16 * 49152);
+    auto step = [&](int t, bool hot) {  // TSC cycles for every matmul of one step, this thread alone
+        const uint64_t t0 = __rdtsc();
+        for (auto & m : model) {
+            const size_t row_bytes = m.nb * sizeof(specserve_block_q8_0);
+            specserve_q8_0_act_scales(act.data(), row_bytes, t, m.nb, scales.data());
+            int64_t chunk = (m.rows + 7) / 8;  // ggml_hook.c's weight_chunk for two threads
+            chunk = chunk < 16 ? 16 : chunk > 64 ? 64 : chunk;
+            chunk = (chunk + 1) & ~(int64_t)1;
+            for (int64_t r0 = 0; r0 < m.rows; r0 += chunk) {
+                const int64_t n = m.rows - r0 < chunk ? m.rows - r0 : chunk;
+                specserve_q8_0_matmul_scaled(m.w.data() + (hot ? 0 : r0 * m.nb), row_bytes, n, act.data(), row_bytes, t,
+                                             m.nb, scales.data(), dst.data() + r0, m.rows);
+            }
+        }
+        return (double)(__rdtsc() - t0);
+    };
+    const int ts[] = {1, 2, 4, 8, 16};
+    double best_mix[4] = {1e30, 1e30, 1e30, 1e30}, best_hot[5], best_cold[5];
+    for (int i = 0; i < 5; ++i) best_hot[i] = best_cold[i] = 1e30;
+    for (int r = 0; r < rounds; ++r) {  // alternate everything round by round: this host drifts
+        double m;
+        if ((m = mix<0>(2000000)) < best_mix[0]) best_mix[0] = m;
+        if ((m = mix<1>(2000000)) < best_mix[1]) best_mix[1] = m;
+        if ((m = mix<2>(2000000)) < best_mix[2]) best_mix[2] = m;
+        if ((m = mix<3>(2000000)) < best_mix[3]) best_mix[3] = m;
+        for (int i = 0; i < 5; ++i) {
+            if ((m = step(ts[i], true)) < best_hot[i]) best_hot[i] = m;
+            if ((m = step(ts[i], false)) < best_cold[i]) best_cold[i] = m;
+        }
+        fprintf(stderr, "round %d/%d\n", r + 1, rounds);
+    }
+    printf("{\"isa\": \"%s\", \"tsc_ghz\": %.4f, \"block_rows_per_token\": %.0f, \"weight_bytes\": %.0f,\n",
+           specserve_q8_0_matmul_isa(), ghz, block_rows, bytes);
+    printf(" \"mix_cycles\": {\"madd\": %.3f, \"signed\": %.3f, \"stock\": %.3f, \"stock_bcast\": %.3f},\n", best_mix[0],
+           best_mix[1], best_mix[2], best_mix[3]);
+    printf(" \"tile\": [");
+    for (int i = 0; i < 5; ++i) {
+        printf("%s{\"t\": %d, \"hot_ms\": %.3f, \"cold_ms\": %.3f, \"hot_cycles\": %.3f, \"cold_cycles\": %.3f}", i ? ", " : "",
+               ts[i], best_hot[i] / ghz / 1e6, best_cold[i] / ghz / 1e6, best_hot[i] / (block_rows * ts[i]),
+               best_cold[i] / (block_rows * ts[i]));
+    }
+    printf("]}\n");
+    return 0;
+}
