@@ -10,12 +10,13 @@ q8_matmul.cpp`), times on one thread
     (+ convert + fma with the block's scale product), and with that scale broadcast from memory;
   - our kernel on the served model's matmuls (SmolLM2-135M, 4.2 M block-rows a token) for
     t = 1..16 activation rows, hot (weights in L1/L2: compute only) and cold (all 143 MB, as a
-    step reads them).
+    step reads them), and cold on --threads threads sharing each matrix's chunks as ggml does
+    (what two cores give over one on this machine).
 
     .venv/bin/python bench/bench_int8_floor.py [--rounds 9] [--threads 2]
 
 Prints cycles a block-row, G multiply-adds/s a core, and the matmuls' floor for one step of t
-rows on --threads cores (the register floor) against the kernel's hot figure; writes
+rows on --threads cores (the register floor) against the kernel on as many threads; writes
 bench/results/int8_floor.{json,png}. AVX2 machines only (the sequences are AVX2 instructions). Run it
 alone: a second workload on the same cores halves what both measure.
 """
@@ -41,20 +42,20 @@ def cpu_kind() -> str:
     return f"{name} ({', '.join(simd) or 'no AVX2'})"
 
 
-def measure(rounds: int) -> dict:
+def measure(rounds: int, threads: int) -> dict:
     if "avx2" not in Path("/proc/cpuinfo").read_text():
         raise SystemExit("bench_int8_floor: this CPU has no AVX2")
     with tempfile.TemporaryDirectory() as tmp:
         exe = Path(tmp) / "int8_floor"
-        subprocess.run(["g++", "-O2", "-march=native", f"-I{ROOT / 'native' / 'llama_cpp'}", "-o", str(exe),
+        subprocess.run(["g++", "-O2", "-march=native", "-fopenmp", f"-I{ROOT / 'native' / 'llama_cpp'}", "-o", str(exe),
                         str(ROOT / "bench" / "int8_floor.cpp"), str(ROOT / "native" / "llama_cpp" / "q8_matmul.cpp")],
                        check=True)
-        out = subprocess.run([str(exe), str(rounds)], check=True, stdout=subprocess.PIPE, text=True).stdout
+        out = subprocess.run([str(exe), str(rounds), str(threads)], check=True, stdout=subprocess.PIPE, text=True).stdout
     return json.loads(out)
 
 
-def report(r: dict, threads: int) -> None:
-    ghz, rows = r["tsc_ghz"], r["block_rows_per_token"]
+def report(r: dict) -> None:
+    ghz, rows, threads = r["tsc_ghz"], r["block_rows_per_token"], r["threads"]
     print(f"{r['cpu']}; kernel path {r['isa']}; time-stamp counter {ghz:.3f} GHz (cycles below are its)")
     print("\none block-row (32 int8 multiply-adds), registers only, one thread:")
     for key, what in MIXES:
@@ -64,12 +65,13 @@ def report(r: dict, threads: int) -> None:
     print(f"\nour kernel, the model's matmuls ({rows / 1e6:.1f} M block-rows a token, "
           f"{r['weight_bytes'] / 1e6:.0f} MB), one thread:")
     print(f"  {'t':>3} {'hot ms':>8} {'cold ms':>8} {'cycles/block-row hot':>21} {'of floor':>9} "
-          f"{'floor ms, ' + str(threads) + ' cores':>18} {'kernel ms, ' + str(threads) + ' cores':>19}")
+          f"{'floor ms, ' + str(threads) + ' cores':>18} {'cold ms, ' + str(threads) + ' threads':>19} {'speed-up':>9}")
     for row in r["tile"]:
         t = row["t"]
         floor_ms = rows * t * floor / ghz / 1e6 / threads
         print(f"  {t:3d} {row['hot_ms']:8.2f} {row['cold_ms']:8.2f} {row['hot_cycles']:21.2f} "
-              f"{row['hot_cycles'] / floor:8.2f}x {floor_ms:18.2f} {row['hot_ms'] / threads:19.2f}")
+              f"{row['hot_cycles'] / floor:8.2f}x {floor_ms:18.2f} {row['cold_ms_threads']:19.2f} "
+              f"{row['cold_ms'] / row['cold_ms_threads']:8.2f}x")
     print(f"  cold t = 1 streams the weights at {r['weight_bytes'] / r['tile'][0]['cold_ms'] / 1e6:.1f} GB/s "
           "on one thread")
 
@@ -99,12 +101,13 @@ def plot(r: dict, path: Path) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=9, help="measurements alternate round by round; the best of each is kept")
-    ap.add_argument("--threads", type=int, default=2, help="cores the floor is computed for (the served engine's threads)")
+    ap.add_argument("--threads", type=int, default=2,
+                    help="threads of the shared-chunk measurement and cores of the floor (the served engine's threads)")
     ap.add_argument("--out", type=Path, default=RESULTS / "int8_floor.json", help="the figures (a .png beside it)")
     args = ap.parse_args(argv)
-    r = measure(args.rounds)
+    r = measure(args.rounds, args.threads)
     r["cpu"] = cpu_kind()
-    report(r, args.threads)
+    report(r)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(r, indent=1) + "\n")
     plot(r, args.out.with_suffix(".png"))

@@ -15,8 +15,11 @@
 //          row chunks ggml_hook.c gives a thread, for t activation rows:
 //          hot   every chunk reads the same first rows of its matrix (in L1/L2: compute only)
 //          cold  the whole model's weights (143 MB), as a decoding step reads them
+//          cold on N threads: the chunks of each matrix shared out as ggml shares them (first
+//                free chunk; all threads meet before the next matrix), the engine's case
 #include "q8_matmul.h"
 
+#include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +71,7 @@ struct Matrix {
 
 int main(int argc, char ** argv) {
     const int rounds = argc > 1 ? atoi(argv[1]) : 7;
+    const int threads = argc > 2 ? atoi(argv[2]) : 2;
     const double ghz = tsc_ghz();
     srand(1);
     std::vector<Matrix> model;
@@ -91,25 +95,30 @@ int main(int argc, char ** argv) {
         for (auto & q : b.qs) q = (int8_t)(rand() % 255 - 127);
     }
     std::vector<float> scales(specserve_q8_0_act_scales_size(16, 48)), dst(16 * 49152);
-    auto step = [&](int t, bool hot) {  // TSC cycles for every matmul of one step, this thread alone
+    auto step = [&](int t, bool hot, int nth) {  // TSC cycles for every matmul of one step on nth threads
         const uint64_t t0 = __rdtsc();
-        for (auto & m : model) {
-            const size_t row_bytes = m.nb * sizeof(specserve_block_q8_0);
-            specserve_q8_0_act_scales(act.data(), row_bytes, t, m.nb, scales.data());
-            int64_t chunk = (m.rows + 7) / 8;  // ggml_hook.c's weight_chunk for two threads
-            chunk = chunk < 16 ? 16 : chunk > 64 ? 64 : chunk;
-            chunk = (chunk + 1) & ~(int64_t)1;
-            for (int64_t r0 = 0; r0 < m.rows; r0 += chunk) {
-                const int64_t n = m.rows - r0 < chunk ? m.rows - r0 : chunk;
-                specserve_q8_0_matmul_scaled(m.w.data() + (hot ? 0 : r0 * m.nb), row_bytes, n, act.data(), row_bytes, t,
-                                             m.nb, scales.data(), dst.data() + r0, m.rows);
+#pragma omp parallel num_threads(nth)
+        {
+            std::vector<float> own_scales(scales.size());  // each thread lays out its own, as ggml_hook.c does
+            for (auto & m : model) {
+                const size_t row_bytes = m.nb * sizeof(specserve_block_q8_0);
+                specserve_q8_0_act_scales(act.data(), row_bytes, t, m.nb, own_scales.data());
+                int64_t chunk = (m.rows + 4 * threads - 1) / (4 * threads);  // ggml_hook.c's weight_chunk
+                chunk = chunk < 16 ? 16 : chunk > 64 ? 64 : chunk;
+                chunk = (chunk + 1) & ~(int64_t)1;
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t r0 = 0; r0 < m.rows; r0 += chunk) {
+                    const int64_t n = m.rows - r0 < chunk ? m.rows - r0 : chunk;
+                    specserve_q8_0_matmul_scaled(m.w.data() + (hot ? 0 : r0 * m.nb), row_bytes, n, act.data(), row_bytes,
+                                                 t, m.nb, own_scales.data(), dst.data() + r0, m.rows);
+                }
             }
         }
         return (double)(__rdtsc() - t0);
     };
     const int ts[] = {1, 2, 4, 8, 16};
-    double best_mix[4] = {1e30, 1e30, 1e30, 1e30}, best_hot[5], best_cold[5];
-    for (int i = 0; i < 5; ++i) best_hot[i] = best_cold[i] = 1e30;
+    double best_mix[4] = {1e30, 1e30, 1e30, 1e30}, best_hot[5], best_cold[5], best_par[5];
+    for (int i = 0; i < 5; ++i) best_hot[i] = best_cold[i] = best_par[i] = 1e30;
     for (int r = 0; r < rounds; ++r) {  // alternate everything round by round: this host drifts
         double m;
         if ((m = mix<0>(2000000)) < best_mix[0]) best_mix[0] = m;
@@ -117,20 +126,21 @@ int main(int argc, char ** argv) {
         if ((m = mix<2>(2000000)) < best_mix[2]) best_mix[2] = m;
         if ((m = mix<3>(2000000)) < best_mix[3]) best_mix[3] = m;
         for (int i = 0; i < 5; ++i) {
-            if ((m = step(ts[i], true)) < best_hot[i]) best_hot[i] = m;
-            if ((m = step(ts[i], false)) < best_cold[i]) best_cold[i] = m;
+            if ((m = step(ts[i], true, 1)) < best_hot[i]) best_hot[i] = m;
+            if ((m = step(ts[i], false, 1)) < best_cold[i]) best_cold[i] = m;
+            if ((m = step(ts[i], false, threads)) < best_par[i]) best_par[i] = m;
         }
         fprintf(stderr, "round %d/%d\n", r + 1, rounds);
     }
-    printf("{\"isa\": \"%s\", \"tsc_ghz\": %.4f, \"block_rows_per_token\": %.0f, \"weight_bytes\": %.0f,\n",
-           specserve_q8_0_matmul_isa(), ghz, block_rows, bytes);
+    printf("{\"isa\": \"%s\", \"tsc_ghz\": %.4f, \"block_rows_per_token\": %.0f, \"weight_bytes\": %.0f, \"threads\": %d,\n",
+           specserve_q8_0_matmul_isa(), ghz, block_rows, bytes, threads);
     printf(" \"mix_cycles\": {\"madd\": %.3f, \"signed\": %.3f, \"stock\": %.3f, \"stock_bcast\": %.3f},\n", best_mix[0],
            best_mix[1], best_mix[2], best_mix[3]);
     printf(" \"tile\": [");
     for (int i = 0; i < 5; ++i) {
-        printf("%s{\"t\": %d, \"hot_ms\": %.3f, \"cold_ms\": %.3f, \"hot_cycles\": %.3f, \"cold_cycles\": %.3f}", i ? ", " : "",
-               ts[i], best_hot[i] / ghz / 1e6, best_cold[i] / ghz / 1e6, best_hot[i] / (block_rows * ts[i]),
-               best_cold[i] / (block_rows * ts[i]));
+        printf("%s{\"t\": %d, \"hot_ms\": %.3f, \"cold_ms\": %.3f, \"cold_ms_threads\": %.3f, \"hot_cycles\": %.3f, "
+               "\"cold_cycles\": %.3f}", i ? ", " : "", ts[i], best_hot[i] / ghz / 1e6, best_cold[i] / ghz / 1e6,
+               best_par[i] / ghz / 1e6, best_hot[i] / (block_rows * ts[i]), best_cold[i] / (block_rows * ts[i]));
     }
     printf("]}\n");
     return 0;

@@ -24,7 +24,8 @@ def test_one_round_writes_every_figure_and_a_plot(tmp_path):
     assert set(info["mix_cycles"]) == {"madd", "signed", "stock", "stock_bcast"}
     assert all(v > 0 for v in info["mix_cycles"].values())
     assert [row["t"] for row in info["tile"]] == [1, 2, 4, 8, 16]
-    assert all(row[k] > 0 for row in info["tile"] for k in ("hot_ms", "cold_ms", "hot_cycles", "cold_cycles"))
+    assert all(row[k] > 0 for row in info["tile"] for k in ("hot_ms", "cold_ms", "cold_ms_threads", "hot_cycles", "cold_cycles"))
+    assert info["threads"] == 2
     assert info["block_rows_per_token"] == 4_202_496  # SmolLM2-135M: 30 x (q k v o gate up down) + output, in blocks
     assert "G multiply-adds/s a core" in r.stdout
     assert out.with_suffix(".png").stat().st_size > 10_000
