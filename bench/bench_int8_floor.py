@@ -28,18 +28,12 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from cpu_kind import cpu_kind  # bench/ (the script's own folder)
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 MIXES = (("madd", "maddubs + madd"), ("signed", "sign + maddubs + madd"),
          ("stock", "sign + maddubs + madd + cvt + fma"), ("stock_bcast", "the same + scale broadcast"))
-
-
-def cpu_kind() -> str:
-    text = Path("/proc/cpuinfo").read_text()
-    name = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "?")
-    flags = set(next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []))
-    simd = [f for f in ("amx_int8", "avx512_vnni", "avx_vnni", "avx512f", "avx2") if f in flags]
-    return f"{name} ({', '.join(simd) or 'no AVX2'})"
 
 
 def measure(rounds: int, threads: int) -> dict:

@@ -22,20 +22,12 @@ import numpy as np
 from backend.engines import q8_kernel
 from backend.engines.llama_cpp import LlamaCpp, served_gguf
 from build_engines.profile_costs import fill, median_time
+from cpu_kind import cpu_kind  # bench/ (the script's own folder)
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKPOINT = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 RESULTS = ROOT / "bench" / "results"
 TOKENS = (1, 2, 4, 8, 16, 32)
-
-
-def cpu_kind() -> str:
-    """The model name and the SIMD that matters here (figures differ 2x between kinds)."""
-    text = Path("/proc/cpuinfo").read_text()
-    name = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "?")
-    flags = set(next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []))
-    simd = [f for f in ("amx_int8", "avx512_vnni", "avx_vnni", "avx512f", "avx2") if f in flags]
-    return f"{name} ({', '.join(simd) or 'no AVX2'})"
 
 
 def step(engine, ctx: int, b: int, t: int):
