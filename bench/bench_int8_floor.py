@@ -11,7 +11,12 @@ q8_matmul.cpp`), times on one thread
   - our kernel on the served model's matmuls (SmolLM2-135M, 4.2 M block-rows a token) for
     t = 1..16 activation rows, hot (weights in L1/L2: compute only) and cold (all 143 MB, as a
     step reads them), and cold on --threads threads sharing each matrix's chunks as ggml does
-    (what two cores give over one on this machine).
+    (what two cores give over one on this machine);
+  - a prototype of another arithmetic, not in the product (`lanes_*` in int8_floor.cpp): weights
+    repacked 8 rows to a group so that SIMD lanes are weight rows, a block's products summed
+    exactly per row, one convert + fma per block for 8 rows. Its float sums run in another order
+    than ggml's (not bit-identical to stock; checked against the specification to float
+    rounding): what giving that up would buy, measured.
 
     .venv/bin/python bench/bench_int8_floor.py [--rounds 9] [--threads 2]
 
@@ -68,6 +73,12 @@ def report(r: dict) -> None:
               f"{row['cold_ms'] / row['cold_ms_threads']:8.2f}x")
     print(f"  cold t = 1 streams the weights at {r['weight_bytes'] / r['tile'][0]['cold_ms'] / 1e6:.1f} GB/s "
           "on one thread")
+    print(f"\nprototype, rows in lanes (another order of sums; largest difference from the specification "
+          f"{r['lanes_max_diff_of_scale']:.1e} of the largest output), one thread:")
+    print(f"  {'t':>3} {'hot ms':>8} {'cold ms':>8} {'cycles/block-row hot':>21} {'cold, kernel / prototype':>25}")
+    for row in r["tile"]:
+        print(f"  {row['t']:3d} {row['lanes_hot_ms']:8.2f} {row['lanes_cold_ms']:8.2f} {row['lanes_hot_cycles']:21.2f} "
+              f"{row['cold_ms'] / row['lanes_cold_ms']:24.2f}x")
 
 
 def plot(r: dict, path: Path) -> None:
@@ -78,6 +89,8 @@ def plot(r: dict, path: Path) -> None:
     ts = [row["t"] for row in r["tile"]]
     ax.plot(ts, [row["cold_cycles"] for row in r["tile"]], "-o", label="our kernel, weights from memory (cold)")
     ax.plot(ts, [row["hot_cycles"] for row in r["tile"]], "-s", label="our kernel, weights in L1/L2 (hot)")
+    ax.plot(ts, [row["lanes_cold_ms"] / row["cold_ms"] * row["cold_cycles"] for row in r["tile"]], "-^",
+            label="prototype, rows in lanes (another order of sums), cold")
     for (key, what), style in zip(MIXES, (":", "-.", "--", "-")):
         ax.axhline(r["mix_cycles"][key], color="grey", linestyle=style, linewidth=1, label=f"registers only: {what}")
     ax.set_xscale("log", base=2)

@@ -17,8 +17,15 @@
 //          cold  the whole model's weights (143 MB), as a decoding step reads them
 //          cold on N threads: the chunks of each matrix shared out as ggml shares them (first
 //                free chunk; all threads meet before the next matrix), the engine's case
+//   lanes_* a prototype of another arithmetic (not in the product): the weights repacked 8 rows to a
+//          group so that SIMD lanes are weight rows; a block's 32 products are summed exactly in
+//          int32 per row, then one convert and one fma per block serve 8 rows (no per-pair
+//          broadcast, no horizontal sum). A different order of float sums than ggml's vec_dot, so
+//          not bit-identical to stock: what it would buy is measured here, checked against the
+//          specification (q8_matmul.h) to float rounding.
 #include "q8_matmul.h"
 
+#include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -69,6 +76,74 @@ struct Matrix {
     std::vector<specserve_block_q8_0> w;
 };
 
+// -- the rows-in-lanes prototype ---------------------------------------------------------
+struct RowGroup {   // 8 weight rows x one block
+    float d[8];         // the rows' scales
+    int8_t q[8][32];    // q[g][4 r + j] = row r's quant 4 g + j
+};
+
+static std::vector<RowGroup> repack(const Matrix & m) {  // [row group][block]
+    std::vector<RowGroup> out((m.rows / 8) * m.nb);
+    for (int64_t r = 0; r < m.rows; ++r) {
+        for (int64_t b = 0; b < m.nb; ++b) {
+            RowGroup & g = out[(r / 8) * m.nb + b];
+            const specserve_block_q8_0 & x = m.w[r * m.nb + b];
+            g.d[r % 8] = _cvtsh_ss(x.d);
+            for (int k = 0; k < 32; ++k) g.q[k / 4][4 * (r % 8) + k % 4] = x.qs[k];
+        }
+    }
+    return out;
+}
+
+// dst[c * dst_stride + 8 gi + r] for C activation rows (quants a[c][block][32], scales ad[c][block])
+template <int C>
+static void lanes_tile(const RowGroup * w, int64_t groups, int64_t nb, const int8_t * a, const float * ad, float * dst,
+                       int64_t dst_stride) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t gi = 0; gi < groups; ++gi) {
+        const RowGroup * g = w + gi * nb;
+        __m256 acc[C];
+        for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; ++b) {
+            for (int line = 0; line < (int)sizeof(RowGroup); line += 64) _mm_prefetch((const char *)(g + nb + b) + line, _MM_HINT_T0);
+            __m256i sums[C];
+            for (int c = 0; c < C; ++c) sums[c] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; ++k) {
+                const __m256i wq = _mm256_loadu_si256((const __m256i *)g[b].q[k]);
+                const __m256i wabs = _mm256_sign_epi8(wq, wq);
+#pragma GCC unroll 4
+                for (int c = 0; c < C; ++c) {
+                    int32_t four;
+                    memcpy(&four, a + (c * nb + b) * 32 + 4 * k, 4);
+                    const __m256i p = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(_mm256_set1_epi32(four), wq));
+                    sums[c] = _mm256_add_epi32(sums[c], _mm256_madd_epi16(p, ones));
+                }
+            }
+            const __m256 wd = _mm256_loadu_ps(g[b].d);
+            for (int c = 0; c < C; ++c) {
+                acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(wd, _mm256_broadcast_ss(ad + c * nb + b)), _mm256_cvtepi32_ps(sums[c]), acc[c]);
+            }
+        }
+        for (int c = 0; c < C; ++c) _mm256_storeu_ps(dst + c * dst_stride + 8 * gi, acc[c]);
+    }
+}
+
+static void lanes_matmul(const RowGroup * w, int64_t rows, int64_t nb, int t, const int8_t * a, const float * ad, float * dst,
+                         int64_t dst_stride) {
+    for (int c0 = 0; c0 < t; c0 += 4) {  // 4 activation rows at a time, as the stock-order tile
+        const int8_t * ac = a + c0 * nb * 32;
+        const float * adc = ad + c0 * nb;
+        float * o = dst + c0 * dst_stride;
+        switch (t - c0 < 4 ? t - c0 : 4) {
+            case 4: lanes_tile<4>(w, rows / 8, nb, ac, adc, o, dst_stride); break;
+            case 3: lanes_tile<3>(w, rows / 8, nb, ac, adc, o, dst_stride); break;
+            case 2: lanes_tile<2>(w, rows / 8, nb, ac, adc, o, dst_stride); break;
+            default: lanes_tile<1>(w, rows / 8, nb, ac, adc, o, dst_stride); break;
+        }
+    }
+}
+
 int main(int argc, char ** argv) {
     const int rounds = argc > 1 ? atoi(argv[1]) : 7;
     const int threads = argc > 2 ? atoi(argv[2]) : 2;
@@ -116,9 +191,51 @@ int main(int argc, char ** argv) {
         }
         return (double)(__rdtsc() - t0);
     };
+    // the prototype's inputs: the same weights repacked, the activations as plain quants and scales
+    std::vector<std::vector<RowGroup>> packed;
+    for (auto & m : model) packed.push_back(repack(m));
+    std::vector<int8_t> act_q(16 * 48 * 32);
+    std::vector<float> act_d(16 * 48);
+    auto lay_out = [&](int64_t nb) {  // the activation rows as the prototype reads them, for rows of nb blocks
+        for (int c = 0; c < 16; ++c) {
+            for (int64_t b = 0; b < nb; ++b) {
+                memcpy(&act_q[(c * nb + b) * 32], act[c * nb + b].qs, 32);
+                act_d[c * nb + b] = _cvtsh_ss(act[c * nb + b].d);
+            }
+        }
+    };
+    auto lanes_step = [&](int t, bool hot) {  // TSC cycles, one thread, chunks of 64 rows as above
+        const uint64_t t0 = __rdtsc();
+        for (size_t i = 0; i < model.size(); ++i) {
+            const Matrix & m = model[i];
+            lay_out(m.nb);
+            for (int64_t r0 = 0; r0 < m.rows; r0 += 64) {
+                const int64_t n = m.rows - r0 < 64 ? m.rows - r0 : 64;
+                lanes_matmul(packed[i].data() + (hot ? 0 : (r0 / 8) * m.nb), n, m.nb, t, act_q.data(), act_d.data(),
+                             dst.data() + r0, m.rows);
+            }
+        }
+        return (double)(__rdtsc() - t0);
+    };
+    // the prototype against the specification (q8_matmul.h) on the down projection (48 blocks), 5 rows
+    double lanes_max_rel = 0;
+    {
+        const Matrix & m = model[6];
+        std::vector<float> want(5 * m.rows), got(5 * m.rows);
+        const size_t row_bytes = m.nb * sizeof(specserve_block_q8_0);
+        specserve_q8_0_matmul_ref(m.w.data(), row_bytes, m.rows, act.data(), row_bytes, 5, m.nb, want.data(), m.rows);
+        lay_out(m.nb);
+        lanes_matmul(packed[6].data(), m.rows, m.nb, 5, act_q.data(), act_d.data(), got.data(), m.rows);
+        double diff = 0, scale = 0;  // the largest difference against the largest output
+        for (size_t i = 0; i < want.size(); ++i) {
+            diff = fmax(diff, fabs((double)got[i] - want[i]));
+            scale = fmax(scale, fabs((double)want[i]));
+        }
+        lanes_max_rel = diff / scale;
+    }
     const int ts[] = {1, 2, 4, 8, 16};
-    double best_mix[4] = {1e30, 1e30, 1e30, 1e30}, best_hot[5], best_cold[5], best_par[5];
-    for (int i = 0; i < 5; ++i) best_hot[i] = best_cold[i] = best_par[i] = 1e30;
+    double best_mix[4] = {1e30, 1e30, 1e30, 1e30}, best_hot[5], best_cold[5], best_par[5], lanes_hot[5], lanes_cold[5];
+    for (int i = 0; i < 5; ++i) best_hot[i] = best_cold[i] = best_par[i] = lanes_hot[i] = lanes_cold[i] = 1e30;
     for (int r = 0; r < rounds; ++r) {  // alternate everything round by round: this host drifts
         double m;
         if ((m = mix<0>(2000000)) < best_mix[0]) best_mix[0] = m;
@@ -129,6 +246,8 @@ int main(int argc, char ** argv) {
             if ((m = step(ts[i], true, 1)) < best_hot[i]) best_hot[i] = m;
             if ((m = step(ts[i], false, 1)) < best_cold[i]) best_cold[i] = m;
             if ((m = step(ts[i], false, threads)) < best_par[i]) best_par[i] = m;
+            if ((m = lanes_step(ts[i], true)) < lanes_hot[i]) lanes_hot[i] = m;
+            if ((m = lanes_step(ts[i], false)) < lanes_cold[i]) lanes_cold[i] = m;
         }
         fprintf(stderr, "round %d/%d\n", r + 1, rounds);
     }
@@ -136,11 +255,14 @@ int main(int argc, char ** argv) {
            specserve_q8_0_matmul_isa(), ghz, block_rows, bytes, threads);
     printf(" \"mix_cycles\": {\"madd\": %.3f, \"signed\": %.3f, \"stock\": %.3f, \"stock_bcast\": %.3f},\n", best_mix[0],
            best_mix[1], best_mix[2], best_mix[3]);
+    printf(" \"lanes_max_diff_of_scale\": %.3g,\n", lanes_max_rel);
     printf(" \"tile\": [");
     for (int i = 0; i < 5; ++i) {
         printf("%s{\"t\": %d, \"hot_ms\": %.3f, \"cold_ms\": %.3f, \"cold_ms_threads\": %.3f, \"hot_cycles\": %.3f, "
-               "\"cold_cycles\": %.3f}", i ? ", " : "", ts[i], best_hot[i] / ghz / 1e6, best_cold[i] / ghz / 1e6,
-               best_par[i] / ghz / 1e6, best_hot[i] / (block_rows * ts[i]), best_cold[i] / (block_rows * ts[i]));
+               "\"cold_cycles\": %.3f, \"lanes_hot_ms\": %.3f, \"lanes_cold_ms\": %.3f, \"lanes_hot_cycles\": %.3f}",
+               i ? ", " : "", ts[i], best_hot[i] / ghz / 1e6, best_cold[i] / ghz / 1e6, best_par[i] / ghz / 1e6,
+               best_hot[i] / (block_rows * ts[i]), best_cold[i] / (block_rows * ts[i]), lanes_hot[i] / ghz / 1e6,
+               lanes_cold[i] / ghz / 1e6, lanes_hot[i] / (block_rows * ts[i]));
     }
     printf("]}\n");
     return 0;

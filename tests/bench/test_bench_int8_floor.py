@@ -26,6 +26,8 @@ def test_one_round_writes_every_figure_and_a_plot(tmp_path):
     assert [row["t"] for row in info["tile"]] == [1, 2, 4, 8, 16]
     assert all(row[k] > 0 for row in info["tile"] for k in ("hot_ms", "cold_ms", "cold_ms_threads", "hot_cycles", "cold_cycles"))
     assert info["threads"] == 2
+    assert all(row[k] > 0 for row in info["tile"] for k in ("lanes_hot_ms", "lanes_cold_ms", "lanes_hot_cycles"))
+    assert info["lanes_max_diff_of_scale"] < 1e-5  # the prototype computes the same products, summed in another order
     assert info["block_rows_per_token"] == 4_202_496  # SmolLM2-135M: 30 x (q k v o gate up down) + output, in blocks
     assert "G multiply-adds/s a core" in r.stdout
     assert out.with_suffix(".png").stat().st_size > 10_000
