@@ -169,23 +169,26 @@ int main(int argc, char ** argv) {
         b.d = 0x2400;
         for (auto & q : b.qs) q = (int8_t)(rand() % 255 - 127);
     }
-    std::vector<float> scales(specserve_q8_0_act_scales_size(16, 48)), dst(16 * 49152);
+    const size_t scales_size = specserve_q8_0_act_scales_size(16, 48);
+    std::vector<float> dst(16 * 49152);
     auto step = [&](int t, bool hot, int nth) {  // TSC cycles for every matmul of one step on nth threads
         const uint64_t t0 = __rdtsc();
 #pragma omp parallel num_threads(nth)
         {
-            std::vector<float> own_scales(scales.size());  // each thread lays out its own, as ggml_hook.c does
+            // each thread lays out its own, as ggml_hook.c does, 64-byte aligned as it allocates it
+            std::vector<float> own_buf(scales_size + 16);
+            float * own_scales = (float *)(((uintptr_t)own_buf.data() + 63) & ~(uintptr_t)63);
             for (auto & m : model) {
                 const size_t row_bytes = m.nb * sizeof(specserve_block_q8_0);
-                specserve_q8_0_act_scales(act.data(), row_bytes, t, m.nb, own_scales.data());
+                specserve_q8_0_act_scales(act.data(), row_bytes, t, m.nb, own_scales);
                 int64_t chunk = (m.rows + 4 * threads - 1) / (4 * threads);  // ggml_hook.c's weight_chunk
                 chunk = chunk < 16 ? 16 : chunk > 64 ? 64 : chunk;
-                chunk = (chunk + 1) & ~(int64_t)1;
+                chunk = (chunk + 3) & ~(int64_t)3;
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t r0 = 0; r0 < m.rows; r0 += chunk) {
                     const int64_t n = m.rows - r0 < chunk ? m.rows - r0 : chunk;
                     specserve_q8_0_matmul_scaled(m.w.data() + (hot ? 0 : r0 * m.nb), row_bytes, n, act.data(), row_bytes,
-                                                 t, m.nb, own_scales.data(), dst.data() + r0, m.rows);
+                                                 t, m.nb, own_scales, dst.data() + r0, m.rows);
                 }
             }
         }

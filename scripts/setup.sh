@@ -69,7 +69,7 @@ LLAMA_SPEC="llama-cpp-python==0.3.36"
 LLAMA_CMAKE_ARGS="${CMAKE_ARGS:-} -DLLAVA_BUILD=OFF"
 LLAMA_CFLAGS="$(.venv/bin/python -m backend.engines.llama_cpp_cpu cflags)"
 cpu_kind="$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | sort | md5sum | cut -c1-12)"
-native_kind="$(cd native/llama_cpp && cat apply.sh ggml-cpu.patch *.h *.c *.cpp | md5sum | cut -c1-6)"  # what the build reads
+native_kind="$(cd native/llama_cpp && cat apply.sh ggml-cpu.patch *.h *.c *.cpp *.inc | md5sum | cut -c1-6)"  # what the build reads
 build_kind="$cpu_kind-$(echo "$LLAMA_CMAKE_ARGS $LLAMA_CFLAGS" | md5sum | cut -c1-6)-$native_kind"
 W="$CACHE/wheels/llama-cpp-$build_kind"
 if [ "$(cat .venv/.llama.installed 2>/dev/null)" != "$LLAMA_SPEC $build_kind" ]; then

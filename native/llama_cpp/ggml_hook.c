@@ -62,11 +62,12 @@ enum {
 };
 
 // Weight rows a chunk: at least 4 chunks a thread where the matrix allows (192-row K/V
-// projections on 2 threads: 24 rows, 8 chunks, not 64 rows split 2:1), even (the tiles take 2).
+// projections on 2 threads: 24 rows, 8 chunks, not 64 rows split 2:1), a multiple of 4 (the
+// tiles take 2 weight rows with AVX2, 4 with AVX-512).
 static int64_t weight_chunk(int64_t n_w, int nth) {
     int64_t rows = (n_w + 4 * nth - 1) / (4 * nth);
     rows = rows < W_CHUNK_MIN ? W_CHUNK_MIN : rows > W_CHUNK_MAX ? W_CHUNK_MAX : rows;
-    return (rows + 1) & ~(int64_t)1;
+    return (rows + 3) & ~(int64_t)3;
 }
 
 bool specserve_q8_0_mul_mat(const struct ggml_compute_params * params, const struct ggml_tensor * dst,
@@ -97,7 +98,8 @@ bool specserve_q8_0_mul_mat(const struct ggml_compute_params * params, const str
     const size_t act_size = specserve_q8_0_act_scales_size(n_a, nb);
     if (tls_cap < act_size) {
         free(act);
-        act = tls_act = (float *)malloc(act_size * sizeof(float));
+        // 64-byte aligned: the AVX-512 path reads the layout in 64-byte records
+        act = tls_act = (float *)aligned_alloc(64, (act_size * sizeof(float) + 63) & ~(size_t)63);
         if (!act) {
             GGML_ABORT("specserve: out of memory for %zu activation scales", act_size);
         }

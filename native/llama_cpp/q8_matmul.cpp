@@ -5,8 +5,12 @@
 // AVX2 tiles are 4 weight rows x 2 activation rows and recompute |w| and the scale products
 // for every pair. Here a tile is R weight rows x C activation rows; per block it loads each
 // weight row once, takes |w| once, and each pair costs sign, multiply-add (maddubs + madd, or
-// one dpbusd with VNNI), convert, scale, fma. The tile walks all activation rows of a chunk
+// one dpbusd with AVX-VNNI), convert, scale, fma. The tile walks all activation rows of a chunk
 // while its weight rows sit in L1, so a call reads the weights from memory once.
+//
+// Paths, chosen at compile time (-march=native, as ggml chooses its own): AVX-512 with VNNI
+// (q8_matmul_avx512.inc: two block-rows a 512-bit instruction, no per-pair sign), else the
+// 256-bit AVX2 / AVX-VNNI tiles below, else the plain-C specification. All compute the same bits.
 #include "q8_matmul.h"
 
 #include <math.h>
@@ -17,6 +21,9 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define SPECSERVE_SIMD 1
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
+#define SPECSERVE_AVX512 1  // 512-bit vpdpbusd: two block-rows an instruction (q8_matmul_avx512.inc)
+#endif
 #endif
 
 // -- the specification, in plain C --------------------------------------------------------
@@ -79,6 +86,8 @@ extern "C" void specserve_q8_0_matmul(const void * w, size_t w_row_bytes, int64_
 
 extern "C" size_t specserve_q8_0_act_scales_size(int64_t n_a, int64_t nb) { return 0; }
 
+extern "C" const float * specserve_q8_0_act_scales_from(const float * act_scales, int64_t, int64_t) { return act_scales; }
+
 extern "C" void specserve_q8_0_act_scales(const void *, size_t, int64_t, int64_t, float *) {}
 
 extern "C" void specserve_q8_0_matmul_scaled(const void * w, size_t w_row_bytes, int64_t n_w,
@@ -89,16 +98,18 @@ extern "C" void specserve_q8_0_matmul_scaled(const void * w, size_t w_row_bytes,
 
 extern "C" const char * specserve_q8_0_matmul_isa(void) { return "ref"; }
 
+#elif defined(SPECSERVE_AVX512)
+
+#include "q8_matmul_avx512.inc"
+
 #else
 
-// -- x86 SIMD ----------------------------------------------------------------------------
+// -- x86 SIMD, 256-bit (AVX2, AVX-VNNI) -----------------------------------------------------
 
 // int32 lanes l = sum of 4 products x[4l..4l+3] * y[4l..4l+3] (exact); |x| must fit a u8
 // (Q8_0 quants are in [-127, 127]), and with maddubs a pair of products fits an int16.
 static inline __m256i dot_lanes(__m256i ax, __m256i sy) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
-#elif defined(__AVXVNNI__)
+#if defined(__AVXVNNI__)
     return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ax, sy);
 #else
     return _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(ax, sy));
@@ -119,7 +130,8 @@ static inline float hsum8(__m256 x) {  // ggml's hsum_float_8
 //   act: [group][block][8]     per group of 4 activation rows [a0 a0 a1 a1 a2 a2 a3 a3]
 // so the pair's product is P[2c + r], broadcast from memory: the loop's multiply ports then do
 // only maddubs, madd and the fma (measured 17% faster than a multiply per pair).
-constexpr int TR = 2, TC = SPECSERVE_Q8_0_ACT_GROUP;
+constexpr int TR = 2, TC = 4;
+static_assert(SPECSERVE_Q8_0_ACT_GROUP % TC == 0, "callers start chunks on whole groups");
 
 template <int C>  // C <= TC activation rows of one group (the last group may hold fewer)
 static inline void tile(const char * w, size_t ws, int R, const char * a, size_t as, int64_t nb,
@@ -139,7 +151,7 @@ static inline void tile(const char * w, size_t ws, int R, const char * a, size_t
             _mm_prefetch(ahead + ws + b * sizeof(specserve_block_q8_0), _MM_HINT_T0);
         }
         const __m256 wv = _mm256_castpd_ps(_mm256_broadcast_sd((const double *)(wd + 2 * b)));
-        _mm256_store_ps(prod, _mm256_mul_ps(wv, _mm256_load_ps(act + 8 * b)));
+        _mm256_store_ps(prod, _mm256_mul_ps(wv, _mm256_loadu_ps(act + 8 * b)));
         const auto * w0 = (const specserve_block_q8_0 *)w + b;
         const auto * w1 = (const specserve_block_q8_0 *)(w + ws2) + b;
         const __m256i wq0 = _mm256_loadu_si256((const __m256i *)w0->qs);
@@ -168,6 +180,10 @@ static inline void tile(const char * w, size_t ws, int R, const char * a, size_t
 
 extern "C" size_t specserve_q8_0_act_scales_size(int64_t n_a, int64_t nb) {
     return (size_t)((n_a + TC - 1) / TC) * nb * 8;
+}
+
+extern "C" const float * specserve_q8_0_act_scales_from(const float * act_scales, int64_t row, int64_t nb) {
+    return act_scales + (row / TC) * nb * 8;
 }
 
 extern "C" void specserve_q8_0_act_scales(const void * a, size_t a_row_bytes, int64_t n_a, int64_t nb, float * out) {
@@ -224,9 +240,7 @@ extern "C" void specserve_q8_0_matmul(const void * w, size_t w_row_bytes, int64_
 }
 
 extern "C" const char * specserve_q8_0_matmul_isa(void) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return "avx512vnni";
-#elif defined(__AVXVNNI__)
+#if defined(__AVXVNNI__)
     return "avxvnni";
 #else
     return "avx2";

@@ -41,12 +41,11 @@ void specserve_q8_0_matmul(const void * w, size_t w_row_bytes, int64_t n_w,
 // The same in two parts, for callers that take many weight chunks against the same activation
 // rows (ggml_hook.c): the activations' scales laid out once (act_scales_size floats), then any
 // chunk of weight rows against them.
-// act_scales holds groups of SPECSERVE_Q8_0_ACT_GROUP rows; a call on rows from `row` (a multiple of
-// the group) passes specserve_q8_0_act_scales_from(act_scales, row, nb).
-#define SPECSERVE_Q8_0_ACT_GROUP 4
-static inline const float * specserve_q8_0_act_scales_from(const float * act_scales, int64_t row, int64_t nb) {
-    return act_scales + (row / SPECSERVE_Q8_0_ACT_GROUP) * nb * 8;
-}
+// The layout is the SIMD path's own (groups of 4 rows for AVX2, 8 for AVX-512); a call on rows
+// from `row` (a multiple of SPECSERVE_Q8_0_ACT_GROUP) passes specserve_q8_0_act_scales_from(act_scales,
+// row, nb). The buffer should be 64-byte aligned (the AVX-512 path reads it in 64-byte records).
+#define SPECSERVE_Q8_0_ACT_GROUP 8
+const float * specserve_q8_0_act_scales_from(const float * act_scales, int64_t row, int64_t nb);
 size_t specserve_q8_0_act_scales_size(int64_t n_a, int64_t nb);
 void specserve_q8_0_act_scales(const void * a, size_t a_row_bytes, int64_t n_a, int64_t nb, float * out);
 void specserve_q8_0_matmul_scaled(const void * w, size_t w_row_bytes, int64_t n_w,
@@ -59,7 +58,8 @@ void specserve_q8_0_matmul_ref(const void * w, size_t w_row_bytes, int64_t n_w,
                                const void * a, size_t a_row_bytes, int64_t n_a,
                                int64_t nb, float * dst, size_t dst_stride);
 
-// Which path specserve_q8_0_matmul runs: "avx512vnni", "avxvnni", "avx2" or "ref".
+// Which path specserve_q8_0_matmul runs: "avx512vnni" (512-bit, q8_matmul_avx512.inc), "avxvnni"
+// or "avx2" (256-bit), or "ref".
 const char * specserve_q8_0_matmul_isa(void);
 
 #ifdef __cplusplus
