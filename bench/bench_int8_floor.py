@@ -22,7 +22,8 @@ q8_matmul.cpp`), times on one thread
 
 Prints cycles a block-row, G multiply-adds/s a core, and the matmuls' floor for one step of t
 rows on --threads cores (the register floor) against the kernel on as many threads; writes
-bench/results/int8_floor.{json,png}. AVX2 machines only (the sequences are AVX2 instructions). Run it
+bench/results/int8_floor.{json,png}. AVX2 machines only (the sequences are AVX2 instructions; on AVX-512
+VNNI machines the 512-bit path's own sequence is timed too, and is the kernel's floor there). Run it
 alone: a second workload on the same cores halves what both measure.
 """
 from __future__ import annotations
@@ -39,6 +40,13 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 MIXES = (("madd", "maddubs + madd"), ("signed", "sign + maddubs + madd"),
          ("stock", "sign + maddubs + madd + cvt + fma"), ("stock_bcast", "the same + scale broadcast"))
+# AVX-512 VNNI machines: the sequence of the kernel's 512-bit path (two block-rows a register)
+MIXES_512 = (("vnni512", "512-bit: copy + dpbusd + cvt + fma"), ("vnni512_bcast", "the same + scale broadcast"))
+
+
+def floor_key(r: dict) -> str:
+    """The register-only sequence the kernel runs on this machine: its floor."""
+    return "vnni512_bcast" if "vnni512_bcast" in r["mix_cycles"] and r["isa"] == "avx512vnni" else "stock_bcast"
 
 
 def measure(rounds: int, threads: int) -> dict:
@@ -57,10 +65,12 @@ def report(r: dict) -> None:
     ghz, rows, threads = r["tsc_ghz"], r["block_rows_per_token"], r["threads"]
     print(f"{r['cpu']}; kernel path {r['isa']}; time-stamp counter {ghz:.3f} GHz (cycles below are its)")
     print("\none block-row (32 int8 multiply-adds), registers only, one thread:")
-    for key, what in MIXES:
-        c = r["mix_cycles"][key]
-        print(f"  {what:36s} {c:6.3f} cycles  {32 * ghz / c:6.1f} G multiply-adds/s a core")
-    floor = r["mix_cycles"]["stock_bcast"]
+    for key, what in MIXES + MIXES_512:
+        if key in r["mix_cycles"]:
+            c = r["mix_cycles"][key]
+            print(f"  {what:36s} {c:6.3f} cycles  {32 * ghz / c:6.1f} G multiply-adds/s a core")
+    floor = r["mix_cycles"][floor_key(r)]
+    print(f"  (the kernel's floor below: {dict(MIXES + MIXES_512)[floor_key(r)]})")
     print(f"\nour kernel, the model's matmuls ({rows / 1e6:.1f} M block-rows a token, "
           f"{r['weight_bytes'] / 1e6:.0f} MB), one thread:")
     print(f"  {'t':>3} {'hot ms':>8} {'cold ms':>8} {'cycles/block-row hot':>21} {'of floor':>9} "
@@ -93,6 +103,9 @@ def plot(r: dict, path: Path) -> None:
             label="prototype, rows in lanes (another order of sums), cold")
     for (key, what), style in zip(MIXES, (":", "-.", "--", "-")):
         ax.axhline(r["mix_cycles"][key], color="grey", linestyle=style, linewidth=1, label=f"registers only: {what}")
+    for (key, what), style in zip(MIXES_512, ("--", "-")):
+        if key in r["mix_cycles"]:
+            ax.axhline(r["mix_cycles"][key], color="tab:red", linestyle=style, linewidth=1, label=f"registers only: {what}")
     ax.set_xscale("log", base=2)
     ax.set_xticks(ts, [str(t) for t in ts])
     ax.set_ylim(bottom=0)

@@ -10,6 +10,9 @@
 //          stock       + vcvtdq2ps + vfmadd231ps (ggml's vec_dot_q8_0_q8_0 order: each block's
 //                      8 int32 lanes converted and fma'd with the block's scale product)
 //          stock_bcast + the scale product broadcast from memory, as a kernel must
+//          vnni512, vnni512_bcast (AVX-512 VNNI builds only) the 512-bit path's sequence
+//                      (q8_matmul_avx512.inc), two block-rows a register, without and with the
+//                      scale products broadcast from memory
 //   tile_* specserve_q8_0_matmul_scaled (native/llama_cpp/q8_matmul.cpp) on the served model's
 //          matmuls (SmolLM2-135M: 30 layers x q, k, v, o, gate, up, down, and the output), in the
 //          row chunks ggml_hook.c gives a thread, for t activation rows:
@@ -55,6 +58,17 @@ static double tsc_ghz() {  // TSC ticks a nanosecond, against the monotonic cloc
 #define EIGHT(M) M("%%ymm0", "%%ymm4") M("%%ymm1", "%%ymm5") M("%%ymm2", "%%ymm6") M("%%ymm3", "%%ymm7") \
                  M("%%ymm0", "%%ymm4") M("%%ymm1", "%%ymm5") M("%%ymm2", "%%ymm6") M("%%ymm3", "%%ymm7")
 
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+// the AVX-512 VNNI path's sequence (q8_matmul_avx512.inc), one 512-bit register = two block-rows:
+// the accumulator's start copied in (the offset correction), vpdpbusd, convert, fma; and the same
+// with the pair's scale products broadcast from memory, as the kernel does
+#define VNNI512(t, acc, off) "vmovdqa64 %%zmm8, " t "\n vpdpbusd %%zmm10, %%zmm9, " t "\n vcvtdq2ps " t ", " t "\n vfmadd231ps %%zmm12, " t ", " acc "\n"
+#define VNNI512_BCAST(t, acc, off) "vbroadcastsd " off "(%0), %%zmm13\n vmovdqa64 %%zmm8, " t "\n vpdpbusd %%zmm10, %%zmm9, " t "\n vcvtdq2ps " t ", " t "\n vfmadd231ps %%zmm13, " t ", " acc "\n"
+#define EIGHT512(M) M("%%zmm0", "%%zmm4", "0") M("%%zmm1", "%%zmm5", "8") M("%%zmm2", "%%zmm6", "16") M("%%zmm3", "%%zmm7", "24") \
+                    M("%%zmm0", "%%zmm4", "32") M("%%zmm1", "%%zmm5", "40") M("%%zmm2", "%%zmm6", "48") M("%%zmm3", "%%zmm7", "56")
+#define HAVE_VNNI512 1
+#endif
+
 static float scratch[64];
 
 template <int K>
@@ -70,6 +84,18 @@ static double mix(long iters) {  // TSC cycles per block-row
     }
     return (double)(__rdtsc() - t0) / (iters * 8.0);
 }
+
+#ifdef HAVE_VNNI512
+template <int K>
+static double mix512(long iters) {  // TSC cycles per block-row (16 a loop: 8 registers of two)
+    const uint64_t t0 = __rdtsc();
+    for (long i = 0; i < iters; ++i) {
+        if (K == 0) __asm__ volatile(EIGHT512(VNNI512) ::"r"(scratch) : CLOBBERS);
+        if (K == 1) __asm__ volatile(EIGHT512(VNNI512_BCAST) ::"r"(scratch) : CLOBBERS);
+    }
+    return (double)(__rdtsc() - t0) / (iters * 16.0);
+}
+#endif
 
 struct Matrix {
     int64_t rows, nb;
@@ -237,7 +263,7 @@ int main(int argc, char ** argv) {
         lanes_max_diff = diff / scale;
     }
     const int ts[] = {1, 2, 4, 8, 16};
-    double best_mix[4] = {1e30, 1e30, 1e30, 1e30}, best_hot[5], best_cold[5], best_par[5], lanes_hot[5], lanes_cold[5];
+    double best_mix[6] = {1e30, 1e30, 1e30, 1e30, 1e30, 1e30}, best_hot[5], best_cold[5], best_par[5], lanes_hot[5], lanes_cold[5];
     for (int i = 0; i < 5; ++i) best_hot[i] = best_cold[i] = best_par[i] = lanes_hot[i] = lanes_cold[i] = 1e30;
     for (int r = 0; r < rounds; ++r) {  // alternate everything round by round: this host drifts
         double m;
@@ -245,6 +271,10 @@ int main(int argc, char ** argv) {
         if ((m = mix<1>(2000000)) < best_mix[1]) best_mix[1] = m;
         if ((m = mix<2>(2000000)) < best_mix[2]) best_mix[2] = m;
         if ((m = mix<3>(2000000)) < best_mix[3]) best_mix[3] = m;
+#ifdef HAVE_VNNI512
+        if ((m = mix512<0>(1000000)) < best_mix[4]) best_mix[4] = m;
+        if ((m = mix512<1>(1000000)) < best_mix[5]) best_mix[5] = m;
+#endif
         for (int i = 0; i < 5; ++i) {
             if ((m = step(ts[i], true, 1)) < best_hot[i]) best_hot[i] = m;
             if ((m = step(ts[i], false, 1)) < best_cold[i]) best_cold[i] = m;
@@ -256,8 +286,12 @@ int main(int argc, char ** argv) {
     }
     printf("{\"isa\": \"%s\", \"tsc_ghz\": %.4f, \"block_rows_per_token\": %.0f, \"weight_bytes\": %.0f, \"threads\": %d,\n",
            specserve_q8_0_matmul_isa(), ghz, block_rows, bytes, threads);
-    printf(" \"mix_cycles\": {\"madd\": %.3f, \"signed\": %.3f, \"stock\": %.3f, \"stock_bcast\": %.3f},\n", best_mix[0],
+    printf(" \"mix_cycles\": {\"madd\": %.3f, \"signed\": %.3f, \"stock\": %.3f, \"stock_bcast\": %.3f", best_mix[0],
            best_mix[1], best_mix[2], best_mix[3]);
+#ifdef HAVE_VNNI512
+    printf(", \"vnni512\": %.3f, \"vnni512_bcast\": %.3f", best_mix[4], best_mix[5]);
+#endif
+    printf("},\n");
     printf(" \"lanes_max_diff_of_scale\": %.3g,\n", lanes_max_diff);
     printf(" \"tile\": [");
     for (int i = 0; i < 5; ++i) {
