@@ -24,6 +24,7 @@ AVX2 = ("-mavx2", "-mfma", "-mf16c")
 PATHS = {
     "native": (set(), ("-march=native",)),
     "avx2": ({"avx2", "fma", "f16c"}, AVX2),
+    "avxvnni": ({"avx2", "fma", "f16c", "avx_vnni"}, AVX2 + ("-mavxvnni",)),
     "avx512vnni": ({"avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512_vnni"},
                    AVX2 + ("-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mavx512vnni")),
 }
