@@ -24,6 +24,13 @@
 #if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
 #define SPECSERVE_AVX512 1  // 512-bit vpdpbusd: two block-rows an instruction (q8_matmul_avx512.inc)
 #endif
+
+static inline float hsum8(__m256 x) {  // ggml's hsum_float_8: every SIMD path's last sum
+    __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
 #endif
 
 // -- the specification, in plain C --------------------------------------------------------
@@ -114,13 +121,6 @@ static inline __m256i dot_lanes(__m256i ax, __m256i sy) {
 #else
     return _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(ax, sy));
 #endif
-}
-
-static inline float hsum8(__m256 x) {  // ggml's hsum_float_8
-    __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
 }
 
 // Tiles are 2 weight rows x 4 activation rows (AVX2's 16 registers: 8 accumulators, |w| of
