@@ -166,6 +166,7 @@ class EngineLoop:
         return not self.running and not self.waiting and self.inbox.empty()
 
     def _run(self) -> None:
+        self._warm_up()
         while not self._stop.is_set():
             if self._drain_deadline is not None and self.clock() >= self._drain_deadline and not self.idle:
                 log.warning("drain time is up: failing %d requests still in flight", len(self.running) + self.queue_depth)
@@ -177,6 +178,16 @@ class EngineLoop:
                 log.exception("engine step failed; failing the running requests")
                 self.spec.abandon()
                 self._fail_all(f"{ErrorKind.INTERNAL.prefix} in the engine step; see the server log", inbox=False)
+
+    def _warm_up(self) -> None:
+        """The engine commits its peak memory on this thread before the first step (engines
+        that have one: llama_cpp.py's warm_up); a failure is logged and serving goes on."""
+        warm_up = getattr(self.engine, "warm_up", None)
+        if warm_up is not None:
+            try:
+                warm_up()
+            except Exception:
+                log.exception("engine warm-up failed; serving without it")
 
     def _fail_all(self, message: str, inbox: bool = True) -> None:
         """Fail every running and waiting request, and (inbox) every one submitted since (on the
