@@ -100,6 +100,7 @@ class EngineLoop:
         self._stop = threading.Event()
         self._drain_deadline: Optional[float] = None  # self.clock() time; set by drain() (shutdown)
         self._thread: Optional[threading.Thread] = None
+        self._warmed = threading.Event()  # set by the loop's thread once _warm_up is over
 
     @property
     def policy(self) -> Policy:
@@ -144,8 +145,11 @@ class EngineLoop:
 
     # -- thread ------------------------------------------------------------------------
     def start(self) -> None:
+        """Start the loop's thread; returns once it has warmed the engine up (_warm_up), so a
+        server reports ready with its memory committed."""
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
+        self._warmed.wait()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the thread; requests still in flight then get a final error (never left hanging)."""
@@ -183,11 +187,13 @@ class EngineLoop:
         """The engine commits its peak memory on this thread before the first step (engines
         that have one: llama_cpp.py's warm_up); a failure is logged and serving goes on."""
         warm_up = getattr(self.engine, "warm_up", None)
-        if warm_up is not None:
-            try:
+        try:
+            if warm_up is not None:
                 warm_up()
-            except Exception:
-                log.exception("engine warm-up failed; serving without it")
+        except Exception:
+            log.exception("engine warm-up failed; serving without it")
+        finally:
+            self._warmed.set()
 
     def _fail_all(self, message: str, inbox: bool = True) -> None:
         """Fail every running and waiting request, and (inbox) every one submitted since (on the

@@ -50,7 +50,7 @@ def test_warm_up_refuses_an_engine_holding_cells(engine):
 
 
 @pytest.mark.parametrize("fails", [False, True])
-def test_the_loop_thread_warms_the_engine_up_before_its_first_step(engine, tokenizer, monkeypatch, fails):
+def test_the_loop_thread_warms_the_engine_up_before_its_first_step_and_start_waits_for_it(engine, tokenizer, monkeypatch, fails):
     calls = []
 
     def warm_up():
@@ -63,6 +63,7 @@ def test_the_loop_thread_warms_the_engine_up_before_its_first_step(engine, token
     sink = ListSink()
     loop.submit(greedy("Count to five:", 6), sink)  # waits in the inbox until the thread starts
     loop.start()
+    assert calls == [("engine-loop", 0)]  # start() returned after the warm-up: a server is ready only then
     deadline = time.time() + 120
     while not sink.done and time.time() < deadline:
         time.sleep(0.05)
