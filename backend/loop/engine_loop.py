@@ -52,6 +52,7 @@ from .kv_reuse import KVReuse
 from .memory import DrafterMemory, KVMemory
 from .scheduler import Piece, Scheduler
 from .stats import LoopStats
+from .warm_up import warm_up
 
 log = logging.getLogger("specserve.loop")
 
@@ -100,7 +101,7 @@ class EngineLoop:
         self._stop = threading.Event()
         self._drain_deadline: Optional[float] = None  # self.clock() time; set by drain() (shutdown)
         self._thread: Optional[threading.Thread] = None
-        self._warmed = threading.Event()  # set by the loop's thread once _warm_up is over
+        self._warmed = threading.Event()  # set by the loop's thread once the engine's warm-up is over
 
     @property
     def policy(self) -> Policy:
@@ -145,7 +146,7 @@ class EngineLoop:
 
     # -- thread ------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the loop's thread; returns once it has warmed the engine up (_warm_up), so a
+        """Start the loop's thread; returns once it has warmed the engine up (warm_up.py), so a
         server reports ready with its memory committed."""
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
@@ -170,7 +171,10 @@ class EngineLoop:
         return not self.running and not self.waiting and self.inbox.empty()
 
     def _run(self) -> None:
-        self._warm_up()
+        try:
+            warm_up(self.engine)
+        finally:
+            self._warmed.set()
         while not self._stop.is_set():
             if self._drain_deadline is not None and self.clock() >= self._drain_deadline and not self.idle:
                 log.warning("drain time is up: failing %d requests still in flight", len(self.running) + self.queue_depth)
@@ -182,18 +186,6 @@ class EngineLoop:
                 log.exception("engine step failed; failing the running requests")
                 self.spec.abandon()
                 self._fail_all(f"{ErrorKind.INTERNAL.prefix} in the engine step; see the server log", inbox=False)
-
-    def _warm_up(self) -> None:
-        """The engine commits its peak memory on this thread before the first step (engines
-        that have one: llama_cpp.py's warm_up); a failure is logged and serving goes on."""
-        warm_up = getattr(self.engine, "warm_up", None)
-        try:
-            if warm_up is not None:
-                warm_up()
-        except Exception:
-            log.exception("engine warm-up failed; serving without it")
-        finally:
-            self._warmed.set()
 
     def _fail_all(self, message: str, inbox: bool = True) -> None:
         """Fail every running and waiting request, and (inbox) every one submitted since (on the
