@@ -45,6 +45,11 @@ def _lib() -> Optional[ctypes.CDLL]:
     lib.specserve_q8_0_isa.restype = ctypes.c_char_p
     lib.specserve_q8_0_calls.restype = ctypes.c_longlong
     lib.specserve_attn_q8_0_calls.restype = ctypes.c_longlong
+    if hasattr(lib, "specserve_q8_lanes_enabled"):
+        lib.specserve_q8_lanes_enabled.restype = ctypes.c_int
+        lib.specserve_q8_lanes_set_enabled.argtypes = [ctypes.c_int]
+        lib.specserve_q8_lanes_calls.restype = ctypes.c_longlong
+        lib.specserve_q8_lanes_bytes.restype = ctypes.c_longlong
     return lib
 
 
@@ -70,12 +75,36 @@ def isa() -> Optional[str]:
     return lib.specserve_q8_0_isa().decode() if lib else None
 
 
+def lanes_enabled() -> bool:
+    """Whether the rows-in-lanes arithmetic serves the weights it can (AVX-512 VNNI builds)."""
+    lib = _lib()
+    return bool(lib and hasattr(lib, "specserve_q8_lanes_enabled") and lib.specserve_q8_lanes_enabled())
+
+
+def set_lanes_enabled(on: bool) -> None:
+    """Switch the rows-in-lanes arithmetic (SPECSERVE_Q8_LANES=0 starts it off). Off, every matmul
+    computes llama.cpp's own bits; on, the weights it takes compute its own (q8_lanes.h). Either is
+    the same at every number of rows; a switch between steps changes the logits' last bits."""
+    lib = _lib()
+    if lib is None or not hasattr(lib, "specserve_q8_lanes_set_enabled"):
+        raise RuntimeError("this llama-cpp-python has no specserve lanes kernel: run scripts/setup.sh")
+    lib.specserve_q8_lanes_set_enabled(1 if on else 0)
+
+
+def lanes_bytes() -> int:
+    """Bytes of rows-in-lanes weight copies this process holds."""
+    lib = _lib()
+    return int(lib.specserve_q8_lanes_bytes()) if lib and hasattr(lib, "specserve_q8_lanes_bytes") else 0
+
+
 def calls() -> dict:
-    """Ops this process has run through our kernels so far: {"matmul": n, "attention": n}."""
+    """Ops this process has run through our kernels so far: {"matmul": n, "lanes": n, "attention": n}
+    ("matmul": llama.cpp's order, "lanes": the rows-in-lanes order)."""
     lib = _lib()
     if lib is None:
-        return {"matmul": 0, "attention": 0}
-    return {"matmul": int(lib.specserve_q8_0_calls()), "attention": int(lib.specserve_attn_q8_0_calls())}
+        return {"matmul": 0, "lanes": 0, "attention": 0}
+    lanes = int(lib.specserve_q8_lanes_calls()) if hasattr(lib, "specserve_q8_lanes_calls") else 0
+    return {"matmul": int(lib.specserve_q8_0_calls()), "lanes": lanes, "attention": int(lib.specserve_attn_q8_0_calls())}
 
 
 def build_id() -> str:

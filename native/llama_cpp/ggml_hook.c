@@ -1,19 +1,25 @@
-// The glue between ggml's CPU matmul and specserve's Q8_0 kernel (q8_matmul.h).
+// The glue between ggml's CPU matmul and specserve's Q8_0 kernels (q8_lanes.h, q8_matmul.h).
 //
 // patches/ggml-cpu.patch calls specserve_q8_0_mul_mat from ggml_compute_forward_mul_mat,
 // after ggml has quantized the activations (src1, F32) into Q8_0 rows in its work buffer
 // with its own quantize_row_q8_0 and every thread has passed the barrier, just where the
 // stock code would hand the same rows to llamafile's tinyBLAS. It takes 2-D products of
-// Q8_0 weights kept in ggml's plain layout with at least two activation rows and returns
-// false for anything else, which then runs the stock code unchanged. One row (decoding)
-// stays with ggml's vec_dot: it streams the weights once already, and computes the same
-// bits (q8_matmul.h), so which of the two serves a row never changes its result.
+// Q8_0 weights and returns false for anything else, which then runs the stock code unchanged.
+//
+// Two arithmetics, one per weight matrix, each the same for every number of rows:
+// - rows in lanes (q8_lanes.h), on AVX-512 VNNI CPUs, for a model's weight matrices whose rows
+//   come in groups of 16: every row count, decoding's one row included, so that no row's result
+//   depends on the step it is in. Verifying 8 tokens then costs little more than reading the
+//   weights once.
+// - llama.cpp's own order (q8_matmul.h) for the rest, with 2+ rows: one row stays with ggml's
+//   vec_dot, which computes the same bits.
 //
 // Threads take chunks (a range of weight rows x a range of activation rows) from ggml's
 // shared chunk counter, as the stock code does: who computes an element changes nothing in
 // how it is computed.
 #include "ggml-cpu-impl.h"
 #include "ggml-impl.h"
+#include "q8_lanes.h"
 #include "q8_matmul.h"
 #include "specserve.h"
 
@@ -49,10 +55,14 @@ const char * specserve_q8_0_isa(void) {
 }
 
 // How many times this process took the kernel (tests check a real model goes through it).
-static atomic_llong specserve_calls = 0;
+static atomic_llong specserve_calls = 0, specserve_lanes_calls = 0;
 
 long long specserve_q8_0_calls(void) {
     return atomic_load_explicit(&specserve_calls, memory_order_relaxed);
+}
+
+long long specserve_q8_lanes_calls(void) {
+    return atomic_load_explicit(&specserve_lanes_calls, memory_order_relaxed);
 }
 
 enum {
@@ -62,12 +72,53 @@ enum {
 };
 
 // Weight rows a chunk: at least 4 chunks a thread where the matrix allows (192-row K/V
-// projections on 2 threads: 24 rows, 8 chunks, not 64 rows split 2:1), a multiple of 4 (the
-// tiles take 2 weight rows with AVX2, 4 with AVX-512).
-static int64_t weight_chunk(int64_t n_w, int nth) {
+// projections on 2 threads: 24 rows, 8 chunks, not 64 rows split 2:1), a multiple of `unit`
+// (the tiles take 2 weight rows with AVX2, 4 with AVX-512, the lanes kernel 16).
+static int64_t weight_chunk(int64_t n_w, int nth, int64_t unit) {
     int64_t rows = (n_w + 4 * nth - 1) / (4 * nth);
     rows = rows < W_CHUNK_MIN ? W_CHUNK_MIN : rows > W_CHUNK_MAX ? W_CHUNK_MAX : rows;
-    return (rows + 3) & ~(int64_t)3;
+    return (rows + unit - 1) / unit * unit;
+}
+
+// A buffer of at least `size` bytes, 64-byte aligned, kept by the calling thread between calls
+// (read once into a local: a library's TLS costs a call each time).
+static void * thread_buffer(size_t size) {
+    static _Thread_local void * buf = NULL;
+    static _Thread_local size_t cap = 0;
+    void * b = buf;
+    if (cap < size) {
+        free(b);
+        b = buf = aligned_alloc(64, (size + 63) & ~(size_t)63);
+        if (!b) {
+            GGML_ABORT("specserve: out of memory for %zu bytes of activations", size);
+        }
+        cap = size;
+    }
+    return b;
+}
+
+// The lanes arithmetic for any number of activation rows (packed: the weights' lanes copy).
+static void lanes_mul_mat(const struct ggml_compute_params * params, const struct ggml_tensor * dst,
+                          const void * packed, const void * a, size_t a_row_bytes) {
+    const struct ggml_tensor * src0 = dst->src[0];
+    const int64_t n_w = src0->ne[1], n_a = dst->src[1]->ne[1], nb = src0->ne[0] / SPECSERVE_QK8_0;
+    const size_t dst_stride = dst->nb[1] / sizeof(float);
+    const int64_t w_chunk = weight_chunk(n_w, params->nth, SPECSERVE_LANES);
+    const int64_t w_chunks = (n_w + w_chunk - 1) / w_chunk, a_chunks = (n_a + A_CHUNK - 1) / A_CHUNK;
+    if (params->ith == 0) {
+        atomic_fetch_add_explicit(&specserve_lanes_calls, 1, memory_order_relaxed);
+    }
+    // the activations laid out once a call (each thread its own copy: no barrier)
+    void * act = thread_buffer(specserve_q8_lanes_act_size(n_a, nb));
+    specserve_q8_lanes_act(a, a_row_bytes, n_a, nb, act);
+    for (int64_t chunk = params->ith; chunk < w_chunks * a_chunks; chunk = ggml_threadpool_chunk_add(params->threadpool, 1)) {
+        const int64_t ca = chunk / w_chunks, cw = chunk % w_chunks;  // weight chunks vary fastest
+        const int64_t r0 = cw * w_chunk, c0 = ca * A_CHUNK;
+        const int64_t nr = n_w - r0 < w_chunk ? n_w - r0 : w_chunk;
+        const int64_t nc = n_a - c0 < A_CHUNK ? n_a - c0 : A_CHUNK;
+        specserve_q8_lanes_matmul(packed, r0 / SPECSERVE_LANES, nr / SPECSERVE_LANES, nb, act, n_a, c0, nc,
+                                  (float *)dst->data, dst_stride);
+    }
 }
 
 bool specserve_q8_0_mul_mat(const struct ggml_compute_params * params, const struct ggml_tensor * dst,
@@ -77,34 +128,31 @@ bool specserve_q8_0_mul_mat(const struct ggml_compute_params * params, const str
     if (src0->type != GGML_TYPE_Q8_0 || src0->extra != NULL || !specserve_q8_0_enabled()) {
         return false;
     }
-    if (src1->ne[1] < 2 || src0->ne[2] != 1 || src0->ne[3] != 1 || src1->ne[2] != 1 || src1->ne[3] != 1) {
+    if (src0->ne[2] != 1 || src0->ne[3] != 1 || src1->ne[2] != 1 || src1->ne[3] != 1) {
         return false;
     }
     if (src0->ne[0] % SPECSERVE_QK8_0 != 0 || dst->nb[0] != sizeof(float)) {
         return false;
     }
+    // every thread asks; the first to come makes the copy while the others wait (lanes_weights.cpp)
+    const void * packed = specserve_q8_lanes_weights(src0);
+    if (packed) {
+        lanes_mul_mat(params, dst, packed, a, a_row_bytes);
+        return true;
+    }
+    if (src1->ne[1] < 2) {
+        return false;
+    }
     const int64_t n_w = src0->ne[1], n_a = src1->ne[1], nb = src0->ne[0] / SPECSERVE_QK8_0;
     const size_t dst_stride = dst->nb[1] / sizeof(float);
-    const int64_t w_chunk = weight_chunk(n_w, params->nth);
+    const int64_t w_chunk = weight_chunk(n_w, params->nth, 4);
     const int64_t w_chunks = (n_w + w_chunk - 1) / w_chunk, a_chunks = (n_a + A_CHUNK - 1) / A_CHUNK;
     const int64_t chunks = w_chunks * a_chunks;
     if (params->ith == 0) {
         atomic_fetch_add_explicit(&specserve_calls, 1, memory_order_relaxed);
     }
     // the activations' scales laid out once per call (each thread its own copy: no barrier)
-    static _Thread_local float * tls_act = NULL;  // read once: a library's TLS costs a call each time
-    static _Thread_local size_t tls_cap = 0;
-    float * act = tls_act;
-    const size_t act_size = specserve_q8_0_act_scales_size(n_a, nb);
-    if (tls_cap < act_size) {
-        free(act);
-        // 64-byte aligned: the AVX-512 path reads the layout in 64-byte records
-        act = tls_act = (float *)aligned_alloc(64, (act_size * sizeof(float) + 63) & ~(size_t)63);
-        if (!act) {
-            GGML_ABORT("specserve: out of memory for %zu activation scales", act_size);
-        }
-        tls_cap = act_size;
-    }
+    float * act = (float *)thread_buffer(specserve_q8_0_act_scales_size(n_a, nb) * sizeof(float));
     specserve_q8_0_act_scales(a, a_row_bytes, n_a, nb, act);
     // ggml_compute_forward_mul_mat set the shared counter to nth before the barrier: every
     // thread starts at its own index, then takes the next free chunk.

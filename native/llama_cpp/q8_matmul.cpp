@@ -35,7 +35,7 @@ static inline float hsum8(__m256 x) {  // ggml's hsum_float_8: every SIMD path's
 
 // -- the specification, in plain C --------------------------------------------------------
 
-static float half_to_float(uint16_t h) {
+extern "C" float specserve_half_to_float(uint16_t h) {
     const uint32_t sign = (uint32_t)(h >> 15) << 31;
     uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
     if (exp == 0x1f) {
@@ -59,7 +59,7 @@ static float half_to_float(uint16_t h) {
 static float dot_ref(const specserve_block_q8_0 * w, const specserve_block_q8_0 * a, int64_t nb) {
     float acc[8] = {0};
     for (int64_t b = 0; b < nb; ++b) {
-        const float d = half_to_float(w[b].d) * half_to_float(a[b].d);
+        const float d = specserve_half_to_float(w[b].d) * specserve_half_to_float(a[b].d);
         for (int l = 0; l < 8; ++l) {
             int32_t q = 0;
             for (int j = 0; j < 4; ++j) {

@@ -58,6 +58,9 @@ void specserve_q8_0_matmul_ref(const void * w, size_t w_row_bytes, int64_t n_w,
                                const void * a, size_t a_row_bytes, int64_t n_a,
                                int64_t nb, float * dst, size_t dst_stride);
 
+// IEEE half to float, exactly (the specifications' conversion; SIMD paths use F16C's).
+float specserve_half_to_float(uint16_t h);
+
 // Which path specserve_q8_0_matmul runs: "avx512vnni" (512-bit, q8_matmul_avx512.inc), "avxvnni"
 // or "avx2" (256-bit), or "ref".
 const char * specserve_q8_0_matmul_isa(void);

@@ -17,6 +17,10 @@ struct ggml_tensor;
 bool specserve_q8_0_mul_mat(const struct ggml_compute_params * params, const struct ggml_tensor * dst,
                             const void * a, size_t a_row_bytes);
 
+// the rows-in-lanes copy of a weight matrix (lanes_weights.cpp), made on first use; NULL where
+// the matrix does not qualify or the lanes arithmetic is off
+const void * specserve_q8_lanes_weights(const struct ggml_tensor * w);
+
 // ggml_compute_forward_flash_attn_ext_f16, first: true if computed here (attn_hook.cpp)
 bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct ggml_tensor * dst);
 
@@ -27,6 +31,10 @@ SPECSERVE_EXPORT void specserve_q8_0_set_enabled(int on);     // (SPECSERVE_Q8_M
 SPECSERVE_EXPORT const char * specserve_q8_0_isa(void);       // avx512vnni / avxvnni / avx2 / ref
 SPECSERVE_EXPORT long long specserve_q8_0_calls(void);        // matmuls run here so far
 SPECSERVE_EXPORT long long specserve_attn_q8_0_calls(void);   // attention ops run here so far
+SPECSERVE_EXPORT int specserve_q8_lanes_enabled(void);        // 1: weights the lanes kernel can take use it,
+SPECSERVE_EXPORT void specserve_q8_lanes_set_enabled(int on); //    at every row count (SPECSERVE_Q8_LANES=0 starts off)
+SPECSERVE_EXPORT long long specserve_q8_lanes_calls(void);    // matmuls run by the lanes kernel so far
+SPECSERVE_EXPORT long long specserve_q8_lanes_bytes(void);    // bytes of rows-in-lanes weight copies held
 
 #ifdef __cplusplus
 }

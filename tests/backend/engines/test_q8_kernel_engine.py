@@ -1,5 +1,6 @@
 """Our kernels inside llama.cpp (native/llama_cpp), on the served model: set-up built them in,
-the model's matmuls and attention go through them, and every logit is bit-identical to
+the model's matmuls and attention go through them, and with the rows-in-lanes arithmetic off
+(its own order: tests/backend/engines/test_q8_lanes_engine.py) every logit is bit-identical to
 llama.cpp's stock kernels (switched at run time in the same process) and the same whatever
 else shares the step -- decoding, verification of t = 2..32 tokens, batches, prefill."""
 import numpy as np
@@ -17,6 +18,15 @@ def engine(checkpoint):
     yield eng
     q8_kernel.set_enabled(True)
     eng.close()
+
+
+@pytest.fixture(autouse=True)
+def stock_order():
+    """Every matmul in llama.cpp's own order (ggml_hook.c), as the stock kernels compute it."""
+    was = q8_kernel.lanes_enabled()
+    q8_kernel.set_lanes_enabled(False)
+    yield
+    q8_kernel.set_lanes_enabled(was)
 
 
 def prompt(seed, n):
