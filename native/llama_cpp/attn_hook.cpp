@@ -19,8 +19,12 @@
 // (vec.h) on its accumulator -- so its output is bit-identical to the stock kernel's, whatever
 // else shares the step. Queries are independent: how they are grouped and which thread takes
 // them changes no bit.
+// Where the rows-in-lanes matmul serves the model (q8_lanes.h: no stock bit is kept anyway), a
+// unit's queries take three passes over their keys instead (attn_two_pass.h), again in an order
+// that depends on nothing but the query and its keys.
 #include "ggml-cpu-impl.h"
 #include "ggml-cpu.h"
+#include "attn_two_pass.h"
 #include "expf8.h"
 #include "ggml-impl.h"
 #include "q8_matmul.h"
@@ -261,6 +265,10 @@ bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct
     sc.mask.resize(qmax);
 
     const bool vector_exp = specserve::expf8_matches_libm();
+    const bool two_pass = specserve_q8_lanes_enabled() && specserve::two_pass_supported(DV);
+    if (two_pass) {  // every query's whole row of scores
+        sc.scores.resize(qmax * ((nek1 + 15) / 16 * 16));
+    }
     if (params->ith == 0) {
         ggml_threadpool_chunk_set(params->threadpool, nth);
         calls.fetch_add(1, std::memory_order_relaxed);
@@ -306,7 +314,11 @@ bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct
         const ggml_fp16_t * const * masks = sc.mask.data();
         const char * k_base = (const char *) k->data + ik2 * nbk2 + iq3 * nbk3;
         const char * v_base = (const char *) v->data + ik2 * nbv2 + iq3 * nbv3;
-        for (int64_t kb = 0; kb < n_keys; kb += KEY_BLOCK) {
+        if (two_pass) {
+            specserve::attend_two_pass(k_base, nbk1, v_base, nbv1, n_keys, sc.q8.data(), q_row, nq, nb_dk, DV, scale,
+                                       masks, scores, vrows, acc_all, sum);
+        }
+        for (int64_t kb = 0; kb < (two_pass ? 0 : n_keys); kb += KEY_BLOCK) {
             const int64_t nk = std::min(KEY_BLOCK, n_keys - kb);
             // scores[i][j] = dot(key kb + j, query i): ggml's vec_dot_q8_0_q8_0, bit for bit
             specserve_q8_0_matmul(k_base + kb * nbk1, nbk1, nk, sc.q8.data(), q_row, nq, nb_dk, scores, KEY_BLOCK);
