@@ -1,11 +1,20 @@
 """Our kernels inside llama.cpp's CPU backend (native/llama_cpp), seen from Python.
 
-Set-up builds llama-cpp-python with them (scripts/setup.sh): ggml hands our Q8_0 matmul every
-product of Q8_0 weights with two or more activation rows (verification, batched decoding,
-prefill), and our attention every flash attention over the Q8_0 KV cache. Both compute each
-output exactly as llama.cpp's stock kernels do, so switching them off (`set_enabled(False)`,
-or SPECSERVE_Q8_MATMUL=0 in the environment before the first step) changes the speed, never
-a logit; benchmarks compare both in one process (bench/bench_verify_curve.py).
+Set-up builds llama-cpp-python with them (scripts/setup.sh). Two arithmetics, each computing a
+row's result the same way whatever else shares the step (decoding, verification, batches,
+prefill), so greedy output never depends on the batch:
+- on AVX-512 VNNI CPUs, the rows-in-lanes order (native/llama_cpp/q8_lanes.h): every product of
+  the model's Q8_0 weight matrices, one row or many, with its weights repacked once (a copy the
+  size of the model's Q8_0 weights), and attention in three passes a query (attn_two_pass.h).
+  Not llama.cpp's bits, but as close to the unquantized model (tests/backend/engines/
+  test_q8_lanes_engine.py); verifying 8 tokens costs ~1.7 decoding steps instead of ~2.2.
+  `set_lanes_enabled(False)` (or SPECSERVE_Q8_LANES=0 before the first step) gives the next:
+- llama.cpp's own order elsewhere: our Q8_0 matmul for two or more activation rows and our
+  attention over the Q8_0 KV cache, each output bit-identical to the stock kernels', so
+  switching them off (`set_enabled(False)`, or SPECSERVE_Q8_MATMUL=0) changes the speed, never
+  a logit.
+Benchmarks compare the three in one process (bench/bench_verify_curve.py); a switch changes the
+speed of the next step, and, for the lanes one, the last bits of its logits.
 """
 from __future__ import annotations
 
@@ -116,10 +125,14 @@ def build_id() -> str:
     path = _loaded_cpu_backend()
     digest = hashlib.sha1(path.read_bytes()).hexdigest()[:12] if path else "unknown"
     state = f"specserve-{isa()}-{'on' if enabled() else 'off'}" if available() else "stock"
+    if enabled() and lanes_enabled():
+        state += "-lanes"
     return f"{state}-{digest}"
 
 
 def describe() -> str:
     if not available():
         return "llama.cpp's stock Q8_0 kernels (no specserve kernel in this build)"
+    if enabled() and lanes_enabled():
+        return f"specserve Q8_0 kernels ({isa()}), rows in lanes"
     return f"specserve Q8_0 kernel ({isa()}), {'on' if enabled() else 'off: stock kernels'}"

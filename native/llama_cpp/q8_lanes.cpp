@@ -61,11 +61,24 @@ extern "C" void specserve_q8_lanes_act(const void * a, size_t a_row_bytes, int64
     for (int64_t b = 0; b < nb; ++b) {
         for (int64_t c = 0; c < n_a; ++c, ++rec) {
             const specserve_block_q8_0 * blk = block(a, a_row_bytes, c, b);
+#ifdef SPECSERVE_LANES_SIMD
+            const __m256i q = _mm256_loadu_si256((const __m256i *)blk->qs);
+            _mm256_storeu_si256((__m256i *)rec->qs, q);
+            // the quants' sum: pairs by maddubs against ones (exact in int16), then 16 int16 summed
+            const __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), q);
+            const __m256i quads = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(quads), _mm256_extracti128_si256(quads, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+            const int32_t sum = _mm_cvtsi128_si32(s4);
+            rec->d = _cvtsh_ss(blk->d);
+#else
             memcpy(rec->qs, blk->qs, sizeof rec->qs);
             int32_t sum = 0;
             for (int i = 0; i < SPECSERVE_QK8_0; ++i) sum += blk->qs[i];
-            rec->negcorr = -128 * sum;
             rec->d = specserve_half_to_float(blk->d);
+#endif
+            rec->negcorr = -128 * sum;
             rec->pad[0] = rec->pad[1] = 0;
         }
     }
