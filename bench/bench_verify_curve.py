@@ -1,12 +1,18 @@
 """The verify curve T(B, t) of the served engine: B sequences each evaluating t tokens in one
-step (t = 1: decoding; t = 1 + gamma: verifying gamma drafts), with our Q8_0 kernel
-(native/llama_cpp) and with llama.cpp's stock kernels, in one process: the kernel is switched
-at run time and the two alternate measurement by measurement, so both see the same machine.
+step (t = 1: decoding; t = 1 + gamma: verifying gamma drafts), in one process, the kernels
+switched at run time and the arms alternating measurement by measurement, so all see the same
+machine:
+  stock        llama.cpp's own kernels
+  stock order  ours in llama.cpp's order (native/llama_cpp/q8_matmul.h, attn_hook.cpp)
+  ours         what is served: the rows-in-lanes order on AVX-512 VNNI CPUs (q8_lanes.h,
+               attn_two_pass.h), else the same as "stock order"
 
     .venv/bin/python bench/bench_verify_curve.py [--ctx 256] [--repeats 7] [--batches 1 8 32]
 
-Prints ms per step for both, ours / stock, and each curve relative to its own t = 1; checks
-that both give the same logits bit for bit; writes bench/results/verify_curve.{json,png}.
+Prints ms per step for each, ours / stock, and each curve relative to its own t = 1; checks that
+"stock order" gives stock's logits bit for bit (the served lanes order is checked for batch
+invariance by tests/backend/engines/test_q8_lanes_engine.py); writes
+bench/results/verify_curve.{json,png}.
 The issue-40 targets are printed beside the figures: T(1, 8) <= 1.3 x T(1, 1) with VNNI
 (1.6 on AVX2 only), T(32, 1) <= 0.6 x stock. Run it alone: a second llama.cpp workload on the
 same cores slows both many times over.
@@ -35,20 +41,32 @@ def step(engine, ctx: int, b: int, t: int):
                           logit_rows=[list(range(t))] * b)
 
 
-def measure(engine, ctx: int, b: int, t: int, repeats: int) -> dict:
-    """ms per step with the stock kernels and ours (alternating), and whether the logits match."""
-    q8_kernel.set_enabled(False)
-    stock_logits = step(engine, ctx, b, t).numpy().copy()
-    q8_kernel.set_enabled(True)
-    ours_logits = step(engine, ctx, b, t).numpy()
-    times = {"stock": [], "ours": []}
-    for _ in range(2):  # two alternating halves: drift hits both
-        for arm in ("stock", "ours"):
-            q8_kernel.set_enabled(arm == "ours")
+ARMS = {"stock": (False, False), "stock_order": (True, False), "ours": (True, True)}  # (ours on, lanes on)
+
+
+def use(arm: str) -> None:
+    on, lanes = ARMS[arm]
+    q8_kernel.set_enabled(on)
+    if lanes or q8_kernel.lanes_enabled():
+        q8_kernel.set_lanes_enabled(lanes)
+
+
+def measure(engine, ctx: int, b: int, t: int, repeats: int, arms) -> dict:
+    """ms per step of each arm (alternating), and whether "stock order" gives stock's logits."""
+    logits = {}
+    for arm in ("stock", "stock_order"):
+        use(arm)
+        logits[arm] = step(engine, ctx, b, t).numpy().copy()
+    times = {arm: [] for arm in arms}
+    for _ in range(2):  # two alternating halves: drift hits every arm
+        for arm in arms:
+            use(arm)
             times[arm].append(median_time(lambda: step(engine, ctx, b, t), max(1, repeats // 2)))
-    q8_kernel.set_enabled(True)
-    return {"B": b, "t": t, "stock_ms": 1e3 * min(times["stock"]), "ours_ms": 1e3 * min(times["ours"]),
-            "identical": bool(np.array_equal(stock_logits.view(np.uint32), ours_logits.view(np.uint32)))}
+    use("ours")
+    row = {"B": b, "t": t, **{f"{arm}_ms": 1e3 * min(times[arm]) for arm in arms},
+           "identical": bool(np.array_equal(logits["stock"].view(np.uint32), logits["stock_order"].view(np.uint32)))}
+    row.setdefault("ours_ms", row["stock_order_ms"])
+    return row
 
 
 def plot(rows, path: Path, title: str) -> None:
@@ -59,8 +77,10 @@ def plot(rows, path: Path, title: str) -> None:
     for b in sorted({r["B"] for r in rows}):
         pts = [r for r in rows if r["B"] == b]
         ts = [r["t"] for r in pts]
-        ax.plot(ts, [r["stock_ms"] for r in pts], "--o", label=f"stock, B={b}")
-        ax.plot(ts, [r["ours_ms"] for r in pts], "-s", label=f"ours, B={b}")
+        line = ax.plot(ts, [r["stock_ms"] for r in pts], "--o", label=f"stock, B={b}")[0]
+        if "stock_order_ms" in pts[0] and pts[0]["ours_ms"] != pts[0]["stock_order_ms"]:
+            ax.plot(ts, [r["stock_order_ms"] for r in pts], ":^", color=line.get_color(), label=f"stock order, B={b}")
+        ax.plot(ts, [r["ours_ms"] for r in pts], "-s", color=line.get_color(), label=f"ours, B={b}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("tokens per sequence in the step (t)")
@@ -83,7 +103,9 @@ def main(argv=None) -> int:
         raise SystemExit("this llama-cpp-python has no specserve kernel: run scripts/setup.sh")
     engine = LlamaCpp(served_gguf(CHECKPOINT), max_slots=max(a.batches), max_context=a.ctx + max(TOKENS) + 8)
     kind = cpu_kind()
-    print(f"{engine.name}, {a.ctx} cached tokens, {engine.threads} threads, kernel {q8_kernel.isa()}; CPU: {kind}",
+    lanes = q8_kernel.lanes_enabled()
+    arms = ("stock", "stock_order", "ours") if lanes else ("stock", "stock_order")
+    print(f"{engine.name}, {a.ctx} cached tokens, {engine.threads} threads, {q8_kernel.describe()}; CPU: {kind}",
           flush=True)
     rows = []
     for b in a.batches:
@@ -91,13 +113,13 @@ def main(argv=None) -> int:
         for t in TOKENS:
             if b * t > a.max_tokens_per_step:
                 continue
-            r = measure(engine, a.ctx, b, t, a.repeats)
+            r = measure(engine, a.ctx, b, t, a.repeats, arms)
             rows.append(r)
             base = next(x for x in rows if x["B"] == b and x["t"] == 1)
-            print(f"  B={b:2d} t={t:2d}  stock {r['stock_ms']:7.1f} ms ({r['stock_ms'] / base['stock_ms']:5.2f}x t=1)"
-                  f"   ours {r['ours_ms']:7.1f} ms ({r['ours_ms'] / base['ours_ms']:5.2f}x t=1)"
-                  f"   ours/stock {r['ours_ms'] / r['stock_ms']:.2f}   logits {'identical' if r['identical'] else 'DIFFER'}",
-                  flush=True)
+            cols = "   ".join(f"{arm} {r[arm + '_ms']:6.1f} ms ({r[arm + '_ms'] / base[arm + '_ms']:4.2f}x t=1)"
+                               for arm in arms)
+            print(f"  B={b:2d} t={t:2d}  {cols}   ours/stock {r['ours_ms'] / r['stock_ms']:.2f}"
+                  f"   stock order's logits {'identical to stock' if r['identical'] else 'DIFFER'}", flush=True)
     engine.close()
     at = {(r["B"], r["t"]): r for r in rows}
     vnni = q8_kernel.isa() in ("avx512vnni", "avxvnni")
@@ -109,8 +131,8 @@ def main(argv=None) -> int:
     if (32, 1) in at:
         print(f"  T(32,1) ours / stock = {at[32, 1]['ours_ms'] / at[32, 1]['stock_ms']:.2f} (target <= 0.6)")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "verify_curve.json").write_text(json.dumps({"cpu": kind, "kernel": q8_kernel.isa(), "ctx": a.ctx,
-                                                           "rows": rows}, indent=1))
+    (RESULTS / "verify_curve.json").write_text(json.dumps({"cpu": kind, "kernel": q8_kernel.isa(), "lanes": lanes,
+                                                           "ctx": a.ctx, "rows": rows}, indent=1))
     plot(rows, RESULTS / "verify_curve.png", f"{engine.name}, {a.ctx} cached; {kind}")
     print(f"wrote {RESULTS / 'verify_curve.json'} and verify_curve.png")
     return 0 if all(r["identical"] for r in rows) else 1

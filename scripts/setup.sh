@@ -58,8 +58,9 @@ fi
 
 # the llama.cpp engine: llama-cpp-python has no binary wheel on the index, so its sdist is built here
 # (vendored llama.cpp, native to this CPU: ~5 min on 2 quiet AVX-512 cores, ~8 on AVX2 ones), with
-#  - our Q8_0 matmul put into its CPU backend (native/llama_cpp: verification of several tokens then
-#    costs about one decoding step; bit-identical to llama.cpp's own kernels),
+#  - our Q8_0 matmul and attention put into its CPU backend (native/llama_cpp: verification of
+#    several tokens then costs far fewer decoding steps; each row computed the same way whatever
+#    shares the step),
 #  - no Intel AMX code (backend/engines/llama_cpp_cpu.py: its weight repack crashes on
 #    Sapphire-Rapids-class VMs and buys nothing for the served type),
 #  - no multimodal library (mtmd: images and audio, which we never load; -DLLAVA_BUILD=OFF).
