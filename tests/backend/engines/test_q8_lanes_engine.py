@@ -11,6 +11,10 @@ import pytest
 from backend.engines import q8_kernel
 from backend.engines.llama_cpp import LlamaCpp, served_gguf
 from backend.engines.torch_llama import TorchLlama
+# the helpers, and the verification-against-decoding test run here again with this module's
+# engine, in the lanes order (there it runs in llama.cpp's order)
+from tests.backend.engines.test_q8_kernel_engine import (  # noqa: F401
+    bits, prompt, step, test_a_position_is_the_same_verified_in_one_step_or_decoded_one_by_one)
 
 ROOT = Path(__file__).resolve().parents[3]
 CTX = 96  # cached tokens before the measured steps
@@ -28,18 +32,6 @@ def engine(checkpoint):
     eng.close()
 
 
-def prompt(seed, n):
-    return [int(x) for x in np.random.default_rng(seed).integers(100, 40000, size=n)]
-
-
-def bits(t):
-    return t.numpy().view(np.uint32)
-
-
-def step(engine, slots, news, starts):
-    return engine.forward(slots, starts, news, logit_rows=[list(range(len(n))) for n in news])
-
-
 @pytest.mark.parametrize("t", [1, 8])
 def test_every_matmul_of_a_step_takes_the_lanes_path(engine, t):
     step(engine, [0], [prompt(0, CTX)], [0])
@@ -50,18 +42,6 @@ def test_every_matmul_of_a_step_takes_the_lanes_path(engine, t):
     assert after["matmul"] == before["matmul"]  # none left to the stock order
     # the model's weights, repacked once (138 MB of Q8_0 for this model)
     assert 130e6 < q8_kernel.lanes_bytes() < 160e6
-
-
-@pytest.mark.parametrize("t", [2, 7, 16, 32])
-def test_a_position_is_the_same_verified_in_one_step_or_decoded_one_by_one(engine, t):
-    """A verification step of t tokens against t decoding steps (tolerance 0), with a second
-    sequence verifying beside it in the first case."""
-    base, toks = prompt(1, CTX), prompt(2, t)
-    step(engine, [0], [base], [0])
-    step(engine, [1], [prompt(3, CTX)], [0])
-    together = step(engine, [0, 1], [toks, prompt(4, 5)], [CTX, CTX])[:t]
-    one_by_one = [step(engine, [0], [[tok]], [CTX + i]) for i, tok in enumerate(toks)]
-    assert np.array_equal(bits(together), np.concatenate([bits(x) for x in one_by_one]))
 
 
 def test_a_decoding_row_is_the_same_alone_and_in_a_batch(engine):
