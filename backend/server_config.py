@@ -155,6 +155,7 @@ OTHER_ENV = {
     "SPECSERVE_GGUF_DIR": "the container entrypoint: where the image keeps the GGUF it converts",
     "SPECSERVE_PREPARE_DRAFTERS": "the container entrypoint: model drafters to build when preparing",
     "SPECSERVE_Q8_MATMUL": "llama.cpp's CPU backend: 0 gives every matmul and attention back to the stock kernels",
+    "SPECSERVE_Q8_LANES": "llama.cpp's CPU backend on AVX-512 VNNI: 0 keeps llama.cpp's order of sums (no rows-in-lanes copies)",
     "SPECSERVE_TRTLLM_MODEL": "the gpu-marked tests: a local Hugging Face model for TensorRT-LLM",
     "SPECSERVE_CACHE": "docker compose: the cache volume or directory",
     "SPECSERVE_MODEL": "docker compose: the model directory under models/",

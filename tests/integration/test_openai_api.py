@@ -77,8 +77,10 @@ def test_a_lone_surrogate_is_a_400_naming_the_field(server, path, body, param):
 
 def test_min_tokens_and_ignore_eos(client):
     """A raw question under greedy decoding ends at once on this instruct model (0 tokens): vLLM's
-    min_tokens and ignore_eos (the engine's min_length) make it generate."""
-    kw = dict(model="llm", prompt="Write a haiku about the sea.", max_tokens=12, temperature=0)
+    min_tokens and ignore_eos (the engine's min_length) make it generate. (The end id leads the
+    next token by ~1.6-1.8 logits for this prompt, in either order of llama.cpp's sums, so the
+    first assertion does not hang on the kernels' last bits.)"""
+    kw = dict(model="llm", prompt="What is the capital of France?", max_tokens=12, temperature=0)
     assert client.completions.create(**kw).usage.completion_tokens == 0
     r = client.completions.create(**kw, extra_body={"min_tokens": 5})
     assert r.usage.completion_tokens >= 5 and r.choices[0].text.strip()
