@@ -5,14 +5,12 @@ fma(fp32(d_w) x fp32(d_a), q, acc)) for any number of activation rows and any sp
 a row's result never depends on how many rows share the call (M = 1..64).
 The kernel inside llama.cpp: tests/backend/engines/test_q8_lanes_engine.py."""
 import ctypes
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.native.test_q8_matmul import BLOCK, blocks, cpu_flags, matmul
+from tests.native.test_q8_matmul import BLOCK, blocks, compiled, matmul
 
 ROOT = Path(__file__).resolve().parents[2]
 SRCS = [ROOT / "native" / "llama_cpp" / f for f in ("q8_lanes.cpp", "q8_matmul.cpp")]
@@ -25,14 +23,7 @@ PATHS = {  # the SIMD path the build takes on AVX-512 VNNI CPUs, and the plain C
 
 @pytest.fixture(scope="module", params=sorted(PATHS))
 def lanes(request, tmp_path_factory):
-    if not shutil.which("g++"):
-        pytest.skip("no C++ compiler")
-    needs, flags = PATHS[request.param]
-    if needs - cpu_flags():
-        pytest.skip(f"this CPU cannot run the {request.param} path (no {', '.join(sorted(needs - cpu_flags()))})")
-    lib = tmp_path_factory.mktemp("lanes") / "liblanes.so"
-    subprocess.run(["g++", "-O2", *flags, "-shared", "-fPIC", "-o", str(lib), *map(str, SRCS)], check=True)
-    k = ctypes.CDLL(str(lib))
+    k = compiled(PATHS, request.param, SRCS, tmp_path_factory)
     k.specserve_q8_lanes_size.restype = ctypes.c_size_t
     k.specserve_q8_lanes_size.argtypes = [ctypes.c_int64, ctypes.c_int64]
     k.specserve_q8_lanes_act_size.restype = ctypes.c_size_t

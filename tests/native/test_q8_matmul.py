@@ -37,16 +37,21 @@ def cpu_flags() -> set:
     return set()
 
 
-@pytest.fixture(scope="module", params=sorted(PATHS))
-def kernel(request, tmp_path_factory):
+def compiled(paths: dict, path: str, sources, tmp_path_factory) -> ctypes.CDLL:
+    """The sources built as a shared library for one SIMD path (skipped where this CPU cannot run it)."""
     if not shutil.which("g++"):
         pytest.skip("no C++ compiler")
-    needs, flags = PATHS[request.param]
+    needs, flags = paths[path]
     if needs - cpu_flags():
-        pytest.skip(f"this CPU cannot run the {request.param} path (no {', '.join(sorted(needs - cpu_flags()))})")
-    lib = tmp_path_factory.mktemp("q8") / "libq8.so"
-    subprocess.run(["g++", "-O2", *flags, "-shared", "-fPIC", "-o", str(lib), str(SRC)], check=True)
-    k = ctypes.CDLL(str(lib))
+        pytest.skip(f"this CPU cannot run the {path} path (no {', '.join(sorted(needs - cpu_flags()))})")
+    lib = tmp_path_factory.mktemp("kernel") / "libkernel.so"
+    subprocess.run(["g++", "-O2", *flags, "-shared", "-fPIC", "-o", str(lib), *map(str, sources)], check=True)
+    return ctypes.CDLL(str(lib))
+
+
+@pytest.fixture(scope="module", params=sorted(PATHS))
+def kernel(request, tmp_path_factory):
+    k = compiled(PATHS, request.param, [SRC], tmp_path_factory)
     for fn in (k.specserve_q8_0_matmul, k.specserve_q8_0_matmul_ref):
         fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64, ctypes.c_void_p, ctypes.c_size_t,
                        ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_size_t]
