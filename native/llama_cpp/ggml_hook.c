@@ -121,6 +121,40 @@ static void lanes_mul_mat(const struct ggml_compute_params * params, const struc
     }
 }
 
+// Decoding, verification and batched decode (up to A_CHUNK rows): the lanes product straight from
+// src1's fp32 rows, before ggml quantizes them into its shared work buffer. Each thread quantizes
+// all rows into its own layout (a few thousand numbers: cheaper than waiting for the other) and
+// takes a fixed share of the weight groups, so the call needs neither ggml's barrier after the
+// quantization nor its chunk counter, which that barrier orders. Its bits equal the path below:
+// the same quantization (q8_lanes.h) and the same kernel. Prefill's many rows keep the path below,
+// whose chunks balance long products between threads.
+bool specserve_q8_lanes_mul_mat_f32(const struct ggml_compute_params * params, const struct ggml_tensor * dst) {
+    const struct ggml_tensor * src0 = dst->src[0];
+    const struct ggml_tensor * src1 = dst->src[1];
+    if (src0->type != GGML_TYPE_Q8_0 || src0->extra != NULL || src1->type != GGML_TYPE_F32 || !specserve_q8_0_enabled()) {
+        return false;
+    }
+    if (src0->ne[2] != 1 || src0->ne[3] != 1 || src1->ne[2] != 1 || src1->ne[3] != 1 || src1->ne[1] > A_CHUNK) {
+        return false;
+    }
+    if (src0->ne[0] % SPECSERVE_QK8_0 != 0 || dst->nb[0] != sizeof(float) || src1->nb[0] != sizeof(float)) {
+        return false;
+    }
+    const void * packed = specserve_q8_lanes_weights(src0);
+    if (!packed) {
+        return false;
+    }
+    const int64_t n_a = src1->ne[1], nb = src0->ne[0] / SPECSERVE_QK8_0, groups = src0->ne[1] / SPECSERVE_LANES;
+    if (params->ith == 0) {
+        atomic_fetch_add_explicit(&specserve_lanes_calls, 1, memory_order_relaxed);
+    }
+    void * act = thread_buffer(specserve_q8_lanes_act_size(n_a, nb));
+    specserve_q8_lanes_act_f32((const float *)src1->data, src1->nb[1], n_a, nb, act);
+    const int64_t g0 = params->ith * groups / params->nth, g1 = (params->ith + 1) * groups / params->nth;
+    specserve_q8_lanes_matmul(packed, g0, g1 - g0, nb, act, n_a, 0, n_a, (float *)dst->data, dst->nb[1] / sizeof(float));
+    return true;
+}
+
 bool specserve_q8_0_mul_mat(const struct ggml_compute_params * params, const struct ggml_tensor * dst,
                             const void * a, size_t a_row_bytes) {
     const struct ggml_tensor * src0 = dst->src[0];

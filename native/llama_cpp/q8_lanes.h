@@ -44,6 +44,12 @@ void specserve_q8_lanes_pack(const void * w, size_t w_row_bytes, int64_t n_w, in
 size_t specserve_q8_lanes_act_size(int64_t n_a, int64_t nb);
 void specserve_q8_lanes_act(const void * a, size_t a_row_bytes, int64_t n_a, int64_t nb, void * out);
 
+// The same layout straight from fp32 activation rows (x_row_bytes apart), each block of 32
+// quantized exactly as ggml's x86 quantize_row_q8_0 does it (d = half(amax / 127), quants
+// x * (127 / amax) rounded to nearest even), so that it equals specserve_q8_lanes_act of ggml's
+// own quantization byte for byte: the hook then needs no shared buffer and no barrier.
+void specserve_q8_lanes_act_f32(const float * x, size_t x_row_bytes, int64_t n_a, int64_t nb, void * out);
+
 // Groups [g0, g0 + ng) of packed weights against activation rows [c0, c0 + nc) of a layout of n_a
 // rows: dst[c * dst_stride + 16 g + l] for row 16 g + l. The output's bits depend only on the
 // weight row and the activation row, never on g0, ng, c0, nc or n_a.

@@ -17,6 +17,10 @@ struct ggml_tensor;
 bool specserve_q8_0_mul_mat(const struct ggml_compute_params * params, const struct ggml_tensor * dst,
                             const void * a, size_t a_row_bytes);
 
+// ggml_compute_forward_mul_mat, before src1 is quantized: true if the product was computed here
+// from src1's fp32 rows with the lanes kernel (ggml_hook.c); then no thread touches the work buffer
+bool specserve_q8_lanes_mul_mat_f32(const struct ggml_compute_params * params, const struct ggml_tensor * dst);
+
 // the rows-in-lanes copy of a weight matrix (lanes_weights.cpp), made on first use; NULL where
 // the matrix does not qualify or the lanes arithmetic is off
 const void * specserve_q8_lanes_weights(const struct ggml_tensor * w);

@@ -121,3 +121,35 @@ def test_extreme_quants_are_exact(lanes):
     w["d"], a["d"] = 1.0, 1.0
     got = lanes_matmul(lanes, pack(lanes, w), 16, a)
     assert got[0, 0] == -127 * 128 * 64 and got[0, 1] == 128 * 128 * 64 and got[1, 1] == 128 * 128 * 64
+
+
+def quantize_like_ggml_x86(x):
+    """ggml's x86 quantize_row_q8_0, in numpy float32: d = half(amax / 127); quants x * (127 / amax)
+    rounded to nearest even."""
+    blk = x.reshape(x.shape[0], -1, 32).astype(np.float32)
+    amax = np.abs(blk).max(axis=2)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    out = np.zeros(blk.shape[:2], dtype=BLOCK)
+    out["d"] = (amax / np.float32(127)).astype(np.float16)
+    out["qs"] = np.clip(np.rint(blk * inv[..., None]), -128, 127).astype(np.int8)
+    return out
+
+
+@pytest.mark.parametrize("n_a, nb", [(1, 18), (8, 18), (5, 48), (64, 3), (3, 70)])
+def test_act_from_fp32_equals_ggmls_quantization_laid_out(lanes, n_a, nb):
+    """The hook quantizes src1's fp32 rows itself (no shared buffer, no barrier): its layout must be
+    byte for byte that of ggml's own quantization laid out, whatever the values (zeros, ties at .5,
+    a block's largest value either sign, tiny and huge scales)."""
+    lanes.specserve_q8_lanes_act_f32.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    rng = np.random.default_rng(n_a * 100 + nb)
+    x = (rng.standard_normal((n_a, nb * 32)) * rng.choice([1e-6, 1e-2, 1.0, 300.0], size=(n_a, nb * 32))).astype(np.float32)
+    x[0, :32] = 0.0                                      # an all-zero block: d = 0, quants 0
+    x[-1, 32 * (nb - 1):] = np.arange(32, dtype=np.float32) - 15.5  # a ramp of half-integers
+    x[:, 5] = -np.abs(x).max(axis=1)                     # the largest magnitude negative
+    got = np.zeros(lanes.specserve_q8_lanes_act_size(n_a, nb), dtype=np.uint8)
+    lanes.specserve_q8_lanes_act_f32(x.ctypes.data, x.strides[0], n_a, nb, got.ctypes.data)
+    q = quantize_like_ggml_x86(x)
+    want = np.zeros_like(got)
+    lanes.specserve_q8_lanes_act(q.ctypes.data, q.strides[0], n_a, nb, want.ctypes.data)
+    assert np.array_equal(got, want)
