@@ -242,7 +242,12 @@ bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct
     const int64_t groups = neq3 * nek2;
     const int64_t heads_per_unit = heads_per_kv;
     const int64_t chunks = (N * heads_per_unit + MAX_QUERIES - 1) / MAX_QUERIES;  // a KV head's units at least
-    const int64_t rows_per_unit = (N + chunks - 1) / chunks;                      // rows shared evenly
+    const bool two_pass = specserve_q8_lanes_enabled() && specserve::two_pass_supported(DV);
+    // In three passes a unit's cost is its queries' scores and V sums, hardly its walk, so units
+    // should divide evenly between threads: 3 KV heads on 2 threads took 2:1, one thread idle a
+    // third of the op; verifying 8 tokens, rows split in two make 6 units, 3:3.
+    const int64_t min_split = two_pass ? std::min<int64_t>(N, (2 * nth + groups - 1) / groups) : 1;
+    const int64_t rows_per_unit = (N + std::max(chunks, min_split) - 1) / std::max(chunks, min_split);  // rows shared evenly
     const int64_t row_split = (N + rows_per_unit - 1) / rows_per_unit;
     const int64_t units = groups * row_split;
 
@@ -265,7 +270,6 @@ bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct
     sc.mask.resize(qmax);
 
     const bool vector_exp = specserve::expf8_matches_libm();
-    const bool two_pass = specserve_q8_lanes_enabled() && specserve::two_pass_supported(DV);
     if (two_pass) {  // every query's whole row of scores
         sc.scores.resize(qmax * ((nek1 + 15) / 16 * 16));
     }
