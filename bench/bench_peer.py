@@ -62,14 +62,42 @@ def log(msg: str) -> None:
 
 
 @contextmanager
-def our_server(streams: int, env: dict, log_file):
-    """The project's server (launcher: edge + Triton), as served by default unless `env` says."""
+def our_server(streams: int, env: dict, log_file, stats: dict | None = None):
+    """The project's server (launcher: edge + Triton), as served by default unless `env` says;
+    `stats` gets what its speculation did over the level (`policy_stats`), read before it stops."""
     from backend.frontend.supervisor.launch import start_server
     proc, ports = start_server(env={"SPECSERVE_MAX_BATCH": str(max(32, streams)), **env}, log_file=log_file)
     try:
         yield f"http://127.0.0.1:{ports.http}"
+        if stats is not None:
+            stats.update(policy_stats(f"http://127.0.0.1:{ports.metrics}/metrics"))
     finally:
         _stop(proc, 40)
+
+
+def policy_stats(url: str) -> dict:
+    """The engine loop's counters from our Prometheus endpoint (backend/frontend/metrics.py) over the
+    server's life, warm-up included: why a level's speculation paid or not. Empty if unreadable."""
+    import re
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    def total(name, labels=""):  # a family's samples summed, those whose labels contain `labels`
+        pattern = "^" + re.escape(name) + r"(?:\{([^}]*)\})? (\S+)$"
+        return sum(float(v) for lab, v in re.findall(pattern, text, re.M) if labels in lab)
+    steps, seq_steps = total("specserve_steps_total"), total("specserve_step_sequences_total")
+    drafted, accepted = total("specserve_tokens_drafted_total"), total("specserve_tokens_accepted_total")
+    plain = total("specserve_gamma_played_total", 'gamma="0"')
+    step_s = total("specserve_phase_seconds_total", 'phase="step"')
+    return {"steps": steps, "mean_batch": seq_steps / steps if steps else math.nan,
+            "step_ms": 1e3 * step_s / steps if steps else math.nan,
+            "drafting_share": 1 - plain / seq_steps if seq_steps else math.nan,
+            "drafted_per_seq_step": drafted / seq_steps if seq_steps else math.nan,
+            "acceptance": accepted / drafted if drafted else math.nan,
+            "emitted_per_seq_step": total("specserve_tokens_emitted_total") / seq_steps if seq_steps else math.nan}
 
 
 def peer_command(binary: Path, gguf: Path, port: int, slots: int, threads: int, extra=()) -> list:
@@ -129,14 +157,23 @@ def serve_level(server: str, start, specs, streams: int, ramp_s: float, seconds:
 def run_level(server: str, start, workload: str, specs, streams: int, args) -> tuple:
     """serve_level, summarised: (row, its requests as dicts, times from the window's start)."""
     ramp_s = args.ramp_s if args.ramp_s is not None else ramp(streams)
-    requests, w0, w1, started, feed = serve_level(server, start, specs, streams, ramp_s, args.seconds, args.max_tokens)
+    stats = {}
+    requests, w0, w1, started, feed = serve_level(server, lambda: start(stats), specs, streams, ramp_s, args.seconds,
+                                                  args.max_tokens)
     row = {"server": server, "workload": workload, "streams": streams, "start_s": started,
            "sessions": feed.i, "repeats": feed.repeats, **summarise(requests, w0, w1)}
+    if stats:
+        row["policy"] = stats
     log(f"  {server:12s} {workload:9s} {streams:3d} streams: {row['tok_s']:7.1f} tok/s  TTFT p50 "
         f"{row['ttft_p50_s']:6.2f} p90 {row['ttft_p90_s']:6.2f} s  TPOT p50 {row['tpot_p50_ms']:6.1f} p90 "
         f"{row['tpot_p90_ms']:6.1f} ms  done {row['done']:4d} failed {row['failed']}"
         + (f"  ({row['repeats']} sessions repeated: raise --prompts)" if row["repeats"] else "")
         + (f"  errors: {row['errors']}" if row["errors"] else ""))
+    if "steps" in stats:
+        log(f"  {'':12s} {'':9s} {'':3s}          speculation: batch {stats['mean_batch']:.1f}, step "
+            f"{stats['step_ms']:.1f} ms, {100 * stats['drafting_share']:.0f}% of sequence-steps drafted, "
+            f"{stats['drafted_per_seq_step']:.2f} drafts and {stats['emitted_per_seq_step']:.2f} tokens a "
+            f"sequence-step, acceptance {stats['acceptance']:.2f}")
     return row, [r.as_dict(w0) for r in requests]
 
 
@@ -228,7 +265,7 @@ def main(argv=None) -> int:
     binary = None
     for arm in args.arms:
         if arm.startswith(OURS):
-            servers.append((arm, lambda streams, f, e={**ARMS[arm], **env}: our_server(streams, e, f),
+            servers.append((arm, lambda streams, f, stats, e={**ARMS[arm], **env}: our_server(streams, e, f, stats),
                             f"peer_{arm}_server.log"))
             continue
         if binary is None:
@@ -236,7 +273,8 @@ def main(argv=None) -> int:
             binary = llama_server()  # built the first time (with progress), then cached
         extra = ARMS[arm] + shlex.split(args.peer_args) + (["--cache-type-k", "q8_0", "--cache-type-v", "q8_0"]
                                                           if args.peer_kv_q8 else [])
-        servers.append((arm, lambda streams, f, x=extra: peer_server(binary, gguf, streams, x, f), f"peer_{arm}.log"))
+        servers.append((arm, lambda streams, f, stats, x=extra: peer_server(binary, gguf, streams, x, f),
+                        f"peer_{arm}.log"))
     log(f"peer benchmark: {', '.join(s[0] for s in servers)} on {gguf.name}; workloads {', '.join(args.workloads)}; "
         f"streams {args.streams}; {args.seconds:.0f} s measured per level; {args.max_tokens} tokens, greedy")
     rows, answers, records = [], {}, []
@@ -246,7 +284,8 @@ def main(argv=None) -> int:
         for streams in args.streams:
             for server, start, log_name in servers:
                 with open(RESULTS / log_name, "a") as f:
-                    row, requests = run_level(server, lambda: start(streams, f), workload, specs, streams, args)
+                    row, requests = run_level(server, lambda stats: start(streams, f, stats), workload, specs, streams,
+                                              args)
                 rows.append(row)
                 answers[(server, workload, streams)] = {r["key"]: r["text"] for r in requests if not r["error"]}
                 records.append({"server": server, "workload": workload, "streams": streams, "requests": requests})

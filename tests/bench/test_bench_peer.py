@@ -136,9 +136,10 @@ def test_a_level_starts_a_server_warms_it_up_and_records_its_requests(monkeypatc
     started = []
 
     @contextlib.contextmanager
-    def start():
+    def start(stats):
         started.append(True)
         yield "http://127.0.0.1:1"
+        stats["acceptance"] = 0.5  # what our server's metrics said at the level's end
 
     def closed_loop(url, feed, streams, ramp_s, seconds, max_tokens, extra=None):
         assert (streams, ramp_s, seconds, max_tokens) == (4, 4.0, 20, 64)
@@ -151,5 +152,40 @@ def test_a_level_starts_a_server_warms_it_up_and_records_its_requests(monkeypatc
     args = bench_peer.parse_args(["--streams", "4", "--seconds", "20"])
     row, requests = bench_peer.run_level("ours", start, "chat", [("chat/a", ["x"]), ("chat/b", ["y"])], 4, args)
     assert started and row["done"] == 1 and row["failed"] == 1 and row["repeats"] == 1 and row["sessions"] == 3
+    assert row["policy"] == {"acceptance": 0.5}
     assert [(r["key"], r["start"], r["error"]) for r in requests] == [("chat/a", 0.0, ""), ("chat/b", 1.0, "e"),
                                                                       ("chat/a", -1.0, "")]
+
+
+def test_policy_stats_read_our_metrics_endpoint():
+    """What a level's speculation did, from the Prometheus text our server publishes (extra labels,
+    such as Triton's model and version, do not matter); nothing when the endpoint does not answer."""
+    import http.server
+    import threading
+
+    import bench_peer
+    text = "\n".join([
+        "# HELP specserve_steps_total speculative steps run", "specserve_steps_total 10",
+        "specserve_step_sequences_total 80", "specserve_tokens_drafted_total 40",
+        "specserve_tokens_accepted_total 10", "specserve_tokens_emitted_total 120",
+        'specserve_gamma_played_total{gamma="0",model="llm"} 40', 'specserve_gamma_played_total{gamma="4",model="llm"} 40',
+        'specserve_phase_seconds_total{phase="step"} 0.3', 'specserve_phase_seconds_total{phase="draft"} 0.1', ""])
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(text.encode())
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        got = bench_peer.policy_stats(f"http://127.0.0.1:{srv.server_port}/metrics")
+    finally:
+        srv.shutdown()
+    assert got == pytest.approx({"steps": 10, "mean_batch": 8.0, "step_ms": 30.0, "drafting_share": 0.5,
+                                 "drafted_per_seq_step": 0.5, "acceptance": 0.25, "emitted_per_seq_step": 1.5})
+    assert bench_peer.policy_stats(f"http://127.0.0.1:{srv.server_port}/metrics") == {}  # shut down
