@@ -31,9 +31,11 @@ import argparse
 import json
 import math
 import os
+import re
 import shlex
 import subprocess
 import time
+import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -78,8 +80,6 @@ def our_server(streams: int, env: dict, log_file, stats: dict | None = None):
 def policy_stats(url: str) -> dict:
     """The engine loop's counters from our Prometheus endpoint (backend/frontend/metrics.py) over the
     server's life, warm-up included: why a level's speculation paid or not. Empty if unreadable."""
-    import re
-    import urllib.request
     try:
         with urllib.request.urlopen(url, timeout=10) as r:
             text = r.read().decode()

@@ -121,6 +121,16 @@ static void lanes_mul_mat(const struct ggml_compute_params * params, const struc
     }
 }
 
+// What both entries take: a 2-D product of plain (not repacked by ggml) Q8_0 weights into fp32
+// rows, with our kernels switched on.
+static bool takes(const struct ggml_tensor * dst) {
+    const struct ggml_tensor * src0 = dst->src[0];
+    const struct ggml_tensor * src1 = dst->src[1];
+    return src0->type == GGML_TYPE_Q8_0 && src0->extra == NULL && specserve_q8_0_enabled() &&
+           src0->ne[2] == 1 && src0->ne[3] == 1 && src1->ne[2] == 1 && src1->ne[3] == 1 &&
+           src0->ne[0] % SPECSERVE_QK8_0 == 0 && dst->nb[0] == sizeof(float);
+}
+
 // Decoding, verification and batched decode (up to A_CHUNK rows): the lanes product straight from
 // src1's fp32 rows, before ggml quantizes them into its shared work buffer. Each thread quantizes
 // all rows into its own layout (a few thousand numbers: cheaper than waiting for the other) and
@@ -131,13 +141,7 @@ static void lanes_mul_mat(const struct ggml_compute_params * params, const struc
 bool specserve_q8_lanes_mul_mat_f32(const struct ggml_compute_params * params, const struct ggml_tensor * dst) {
     const struct ggml_tensor * src0 = dst->src[0];
     const struct ggml_tensor * src1 = dst->src[1];
-    if (src0->type != GGML_TYPE_Q8_0 || src0->extra != NULL || src1->type != GGML_TYPE_F32 || !specserve_q8_0_enabled()) {
-        return false;
-    }
-    if (src0->ne[2] != 1 || src0->ne[3] != 1 || src1->ne[2] != 1 || src1->ne[3] != 1 || src1->ne[1] > A_CHUNK) {
-        return false;
-    }
-    if (src0->ne[0] % SPECSERVE_QK8_0 != 0 || dst->nb[0] != sizeof(float) || src1->nb[0] != sizeof(float)) {
+    if (!takes(dst) || src1->type != GGML_TYPE_F32 || src1->nb[0] != sizeof(float) || src1->ne[1] > A_CHUNK) {
         return false;
     }
     const void * packed = specserve_q8_lanes_weights(src0);
@@ -159,13 +163,7 @@ bool specserve_q8_0_mul_mat(const struct ggml_compute_params * params, const str
                             const void * a, size_t a_row_bytes) {
     const struct ggml_tensor * src0 = dst->src[0];
     const struct ggml_tensor * src1 = dst->src[1];
-    if (src0->type != GGML_TYPE_Q8_0 || src0->extra != NULL || !specserve_q8_0_enabled()) {
-        return false;
-    }
-    if (src0->ne[2] != 1 || src0->ne[3] != 1 || src1->ne[2] != 1 || src1->ne[3] != 1) {
-        return false;
-    }
-    if (src0->ne[0] % SPECSERVE_QK8_0 != 0 || dst->nb[0] != sizeof(float)) {
+    if (!takes(dst)) {
         return false;
     }
     // every thread asks; the first to come makes the copy while the others wait (lanes_weights.cpp)
