@@ -1,9 +1,10 @@
 """Speculative decoding benchmark: plain vs static n-gram speculation, measured side by side.
 
-Part A (engine loop in-process, batch 1, --engine llama.cpp (default) or torch): tokens/s
-and ratio to plain greedy for static n-gram speculation and the adaptive composite on
-copy-heavy and free-form prompts, and where a step's time goes (draft, verify forward,
-acceptance, scheduling) plus prefill. With llama.cpp, the peers a CPU user would pick
+Part A (engine loop in-process, batch 1, --engine llama.cpp (default) or torch, the latter
+on --device cpu or cuda): tokens/s and ratio to plain greedy for static n-gram speculation
+and the adaptive composite on copy-heavy and free-form prompts, whether each arm generated
+plain's token ids (greedy speculation is lossless), and where a step's time goes (draft,
+verify forward, acceptance, scheduling) plus prefill. With llama.cpp, the peers a CPU user would pick
 instead run in the same part on the same GGUF and prompts: llama-cpp-python's `Llama`
 plain and with its prompt-lookup speculation; every row gets its ratio to llama.cpp's
 plain decoding too.
@@ -13,8 +14,9 @@ counter over a measured window), plain vs speculation, mean request latency, and
 where the loop's time goes (Triton I/O, prefill).
 
     .venv/bin/python bench/bench_speculation.py [--max-tokens 128] [--skip-server]
+        [--engine torch --device cuda] [--checkpoint DIR] [--prompts N] [--out DIR]
 
-Writes bench/results/speculation.{json,png}.
+Writes bench/results/speculation.{json,png} (--out: another folder; no .png without matplotlib).
 """
 from __future__ import annotations
 
@@ -54,41 +56,46 @@ def composite_policy(engine: str = "llama.cpp"):
     return load_policy(ServerConfig(policy="configs/policies/composite.yaml", engine=engine), ROOT)
 
 
-def bench_prompts():
-    return [("copy-heavy", n, p) for n, p in COPY_HEAVY.items()] + [("free-form", n, p) for n, p in FREE_FORM.items()]
+def bench_prompts(limit: int | None = None):
+    """(kind, name, prompt): the copy-heavy prompts, then the free-form ones; the first `limit`."""
+    return ([("copy-heavy", n, p) for n, p in COPY_HEAVY.items()]
+            + [("free-form", n, p) for n, p in FREE_FORM.items()])[:limit]
 
 
 # -- Part A ------------------------------------------------------------------------------------
-def part_a(max_tokens: int, repeats: int, engine_kind: str = "llama.cpp") -> list:
+def part_a(max_tokens: int, repeats: int, engine_kind: str = "llama.cpp", device: str = "cpu",
+           checkpoint: Path = CHECKPOINT, prompts: int | None = None) -> list:
     from transformers import AutoTokenizer
 
     from backend.loop.offline import make_loop, run_all
     from backend.generation.request import GenerationRequest
 
-    tok = AutoTokenizer.from_pretrained(CHECKPOINT)
+    tok = AutoTokenizer.from_pretrained(checkpoint)
     if engine_kind == "llama.cpp":
         import torch
 
         from backend.engines.llama_cpp import LlamaCpp, served_gguf
         torch.set_num_threads(1)  # as the server runs torch beside llama.cpp (backend/services/build.py)
-        engine = LlamaCpp(served_gguf(CHECKPOINT), max_slots=1, max_context=2048)
+        engine = LlamaCpp(served_gguf(checkpoint), max_slots=1, max_context=2048)
         arms = [("off", {}), ("static", {"gamma": 1}), ("static", {"gamma": 2}), ("static", {"gamma": 4}),
                 ("composite", {})]
     else:
         from backend.engines.torch_llama import TorchLlama
-        engine = TorchLlama(CHECKPOINT, dtype="bf16", max_slots=1, max_context=2048)
+        engine = TorchLlama(checkpoint, dtype="bf16", max_slots=1, max_context=2048, device=device)
         arms = ARMS
+    warm = GenerationRequest(prompt="Hello", max_new_tokens=8, apply_chat_template=True)
+    run_all(make_loop(engine, tok, "off", max_batch=1), [warm])  # first calls (CUDA: kernels, cuBLAS) untimed
     rows = []
-    for kind, name, prompt in bench_prompts():
+    for kind, name, prompt in bench_prompts(prompts):
         for policy, params in arms:
-            best = None
+            best, runs = None, []
             for _ in range(repeats):  # best of N: the machine is shared and noisy
                 loop = make_loop(engine, tok, "off" if policy == "composite" else policy, max_batch=1,
                                  **({"drafter": "ngram", **params} if params else {}))
                 if policy == "composite":
                     loop.policy = composite_policy(engine_kind)
                 req = GenerationRequest(prompt=prompt, max_new_tokens=max_tokens, apply_chat_template=True,
-                                        exclude_input_in_output=True)
+                                        exclude_input_in_output=True, return_output_ids=True)
                 t0 = time.perf_counter()
                 sink = run_all(loop, [req])[0]
                 wall = time.perf_counter() - t0
@@ -100,37 +107,68 @@ def part_a(max_tokens: int, repeats: int, engine_kind: str = "llama.cpp") -> lis
                        "acceptance": st.accepted / max(st.drafted, 1),
                        "ms_per_step": {k: 1000 * getattr(st, f"{k}_time_s") / max(st.steps, 1)
                                        for k in ("draft", "verify", "accept", "step")},
-                       "prefill_ms": 1000 * st.prefill_time_s}
+                       "prefill_ms": 1000 * st.prefill_time_s, "ids": c.output_ids}
                 row["ms_per_step"]["sched+io"] = row["ms_per_step"]["step"] - sum(
                     row["ms_per_step"][k] for k in ("draft", "verify", "accept"))
+                runs.append(row)
                 if best is None or row["tok_s"] > best["tok_s"]:
                     best = row
+            best["repeats_agree"] = all(r["ids"] == best["ids"] for r in runs)  # every run the same tokens
             rows.append(best)
             ms = best["ms_per_step"]
+            plain = next(r for r in rows if r["prompt"] == name and r["arm"] == "plain")  # arms: plain first
             log(f"  {kind:10s} {name:9s} {best['arm']:10s} {best['tok_s']:6.1f} tok/s  "
                 f"{best['tokens_per_step']:.2f} tok/step  accept {best['acceptance']:.2f}  step {ms['step']:.1f} ms "
                 f"(draft {ms['draft']:.2f}, verify {ms['verify']:.1f}, accept {ms['accept']:.2f}, "
-                f"sched+io {ms['sched+io']:.2f})  prefill {best['prefill_ms']:.0f} ms")
+                f"sched+io {ms['sched+io']:.2f})  prefill {best['prefill_ms']:.0f} ms  "
+                f"{'ids = plain' if best['ids'] == plain['ids'] else 'ids DIFFER from plain'}"
+                f"{'' if best['repeats_agree'] else ' (repeats DIFFER)'}")
     if engine_kind == "llama.cpp":
         engine.close()
-        rows += llama_cpp_peers(tok, max_tokens, repeats)
-    for row in rows:  # ratios to our plain decoding and to llama.cpp's own, same prompt, same run
+        rows += llama_cpp_peers(tok, max_tokens, repeats, checkpoint, prompts)
+    compare_to_plain(rows)
+    for row in rows:
+        log(f"  {row['prompt']:9s} {row['arm']:28s} {row['tok_s']:6.1f} tok/s  x{row['ratio']:.2f} of our plain"
+            + (f"  x{row['ratio_llama_cpp']:.2f} of llama.cpp plain" if "ratio_llama_cpp" in row else "")
+            + ("" if "same_as_plain" not in row else "  ids = plain" if row["same_as_plain"]
+               else "  ids DIFFER from plain"))
+    log(lossless_line(rows))
+    return rows
+
+
+def compare_to_plain(rows: list) -> list:
+    """Each row's tokens/s ratio to our plain decoding of the same prompt (and to llama.cpp's
+    own plain decoding where that peer ran), and, for rows that recorded their token ids,
+    `same_as_plain`: whether they (in every repeat) are plain decoding's for that prompt."""
+    for row in rows:
         same = [r for r in rows if r["prompt"] == row["prompt"]]
-        row["ratio"] = row["tok_s"] / next(r for r in same if r["arm"] == "plain")["tok_s"]
+        plain = next(r for r in same if r["arm"] == "plain")
+        row["ratio"] = row["tok_s"] / plain["tok_s"]
         peer = next((r for r in same if r["arm"] == PEER_PLAIN), None)
         if peer:
             row["ratio_llama_cpp"] = row["tok_s"] / peer["tok_s"]
-    for row in rows:
-        log(f"  {row['prompt']:9s} {row['arm']:28s} {row['tok_s']:6.1f} tok/s  x{row['ratio']:.2f} of our plain"
-            + (f"  x{row['ratio_llama_cpp']:.2f} of llama.cpp plain" if "ratio_llama_cpp" in row else ""))
+        if "ids" in row:
+            row["same_as_plain"] = row["ids"] == plain["ids"] and row.get("repeats_agree", True)
     return rows
+
+
+def lossless_line(rows: list) -> str:
+    """The lossless check's summary: how many rows generated plain's token ids, which did not,
+    and where plain decoding itself did not repeat its tokens."""
+    checked = [r for r in rows if "same_as_plain" in r and r["arm"] != "plain"]
+    bad = [f"{r['prompt']}/{r['arm']}" for r in checked if not r["same_as_plain"]]
+    unrepeatable = [r["prompt"] for r in rows if r["arm"] == "plain" and not r.get("repeats_agree", True)]
+    return (f"lossless check: {len(checked) - len(bad)} of {len(checked)} speculative rows generated plain's "
+            f"token ids, {len(bad)} mismatches" + (f": {', '.join(bad)}" if bad else "")
+            + (f"; plain decoding's repeats DIFFER on {', '.join(unrepeatable)}" if unrepeatable else ""))
 
 
 PEER_PLAIN = "llama.cpp Llama (peer)"
 PEER_LOOKUP = "llama.cpp prompt lookup (peer)"
 
 
-def llama_cpp_peers(tok, max_tokens: int, repeats: int) -> list:
+def llama_cpp_peers(tok, max_tokens: int, repeats: int, checkpoint: Path = CHECKPOINT,
+                    prompts: int | None = None) -> list:
     """What a CPU user would run instead: llama-cpp-python's high-level `Llama` on the same GGUF
     and prompts (chat template applied the same way), greedy, plain and with its prompt-lookup
     speculation (`LlamaPromptLookupDecoding`, its default 10 draft tokens and a short one)."""
@@ -140,14 +178,14 @@ def llama_cpp_peers(tok, max_tokens: int, repeats: int) -> list:
     from backend.engines.llama_cpp import served_gguf
     from backend.engines.llama_cpp_cpu import high_level_defaults
 
-    gguf = str(served_gguf(CHECKPOINT))
+    gguf = str(served_gguf(checkpoint))
     peers = [(PEER_PLAIN, None), (PEER_LOOKUP, 10), (PEER_LOOKUP.replace("lookup", "lookup k=2"), 2)]
     rows = []
     for label, k in peers:
         with high_level_defaults():  # no repack, no AMX: as everywhere (backend/engines/llama_cpp_cpu.py)
             llm = Llama(model_path=gguf, n_ctx=2048, n_threads=os.cpu_count(), n_threads_batch=os.cpu_count(),
                         verbose=False, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=k) if k else None)
-        for kind, name, prompt in bench_prompts():
+        for kind, name, prompt in bench_prompts(prompts):
             text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                            add_generation_prompt=True)
             best = None
@@ -373,7 +411,11 @@ def median_rows(rows: list) -> list:
 
 
 def plot(a_rows, b_rows, path):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # a bare machine (the GPU device): the .json has it all
+        log(f"no matplotlib: {path.name} not drawn")
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -447,17 +489,25 @@ def main(argv=None) -> int:
                     help="Part B: run the arms round-robin this many times; ratios against the same round's plain")
     ap.add_argument("--engine", default="llama.cpp", choices=["llama.cpp", "torch"],
                     help="Part A's engine (Part B serves the server's default engine unless SPECSERVE_ENGINE says)")
+    ap.add_argument("--device", default="cpu", help="Part A with --engine torch: where the engine runs (cpu, cuda)")
+    ap.add_argument("--checkpoint", type=Path, default=CHECKPOINT, help="Part A's checkpoint directory")
+    ap.add_argument("--prompts", type=int, default=None, help="Part A: only the first N prompts")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="where the results .json and .png go")
     ap.add_argument("--skip-server", action="store_true")
     ap.add_argument("--skip-engine", action="store_true", help="only Part B (through Triton)")
     ap.add_argument("--model-drafters", action="store_true",
                     help=f"Part B also serves the composite with {MODEL_DRAFTERS}, on code and chat prompts too")
     args = ap.parse_args(argv)
+    if args.device != "cpu" and args.engine != "torch":
+        ap.error("--device needs --engine torch")
     RESULTS.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     a_rows = []
     if not args.skip_engine:
-        log(f"Part A: engine loop in-process, batch 1, engine {args.engine}, {args.max_tokens} new tokens, "
+        log(f"Part A: engine loop in-process, batch 1, engine {args.engine}"
+            f"{f' on {args.device}' if args.engine == 'torch' else ''}, {args.max_tokens} new tokens, "
             f"best of {args.repeats}")
-        a_rows = part_a(args.max_tokens, args.repeats, args.engine)
+        a_rows = part_a(args.max_tokens, args.repeats, args.engine, args.device, args.checkpoint, args.prompts)
     b_rows = []
     if not args.skip_server:
         log(f"Part B: real Triton server, gRPC streaming, {args.max_tokens // 2} new tokens per request, "
@@ -467,9 +517,9 @@ def main(argv=None) -> int:
         log("Part B, aggregate output tokens/s (× = ratio to plain decoding):\n" + server_table(b_rows))
     stem = "speculation" + ("_server" if args.skip_engine else "_engine" if args.skip_server else "") + (
         "_repeated" if args.repeated and not args.skip_server else "")
-    (RESULTS / f"{stem}.json").write_text(json.dumps({"part_a": a_rows, "part_b": b_rows}, indent=1))
-    plot(a_rows, b_rows, RESULTS / f"{stem}.png")
-    log(f"wrote {RESULTS / stem}.json and .png")
+    (args.out / f"{stem}.json").write_text(json.dumps({"part_a": a_rows, "part_b": b_rows}, indent=1))
+    plot(a_rows, b_rows, args.out / f"{stem}.png")
+    log(f"wrote {args.out / stem}.json and .png")
     return 0
 
 
