@@ -1,6 +1,8 @@
 // specserve: attention in three passes a query (attn_two_pass.h says why and in which order).
 #include "attn_two_pass.h"
 
+#include "attn_scores.h"
+
 #include "ggml-cpu-impl.h"
 #include "q8_matmul.h"
 
@@ -117,9 +119,9 @@ void attend_two_pass(const char * k_rows, size_t k_row_bytes, const char * v_row
                      float scale, const ggml_fp16_t * const * masks, float * scores, float * vrows,
                      float * acc, float * sum) {
     const int64_t pad = (n_keys + W - 1) / W * W;
-    // every query's scores at once: the stock-order Q8_0 matmul, each score the same whatever else
-    // is in the call (q8_matmul.h)
-    specserve_q8_0_matmul(k_rows, k_row_bytes, n_keys, q8, q_row, nq, nb_dk, scores, pad);
+    // every query's scores at once, the queries in lanes (attn_scores.h): each score the same
+    // whatever else is in the call
+    specserve_attn_scores(k_rows, k_row_bytes, n_keys, q8, q_row, nq, nb_dk, scores, pad);
     for (int64_t i = 0; i < nq; ++i) {
         sum[i] = softmax_row(scores + i * pad, masks[i], n_keys, scale);
     }
