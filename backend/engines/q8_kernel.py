@@ -59,6 +59,8 @@ def _lib() -> Optional[ctypes.CDLL]:
         lib.specserve_q8_lanes_set_enabled.argtypes = [ctypes.c_int]
         lib.specserve_q8_lanes_calls.restype = ctypes.c_longlong
         lib.specserve_q8_lanes_bytes.restype = ctypes.c_longlong
+    if hasattr(lib, "specserve_q8_lanes_act_reuses"):
+        lib.specserve_q8_lanes_act_reuses.restype = ctypes.c_longlong
     return lib
 
 
@@ -107,13 +109,16 @@ def lanes_bytes() -> int:
 
 
 def calls() -> dict:
-    """Ops this process has run through our kernels so far: {"matmul": n, "lanes": n, "attention": n}
-    ("matmul": llama.cpp's order, "lanes": the rows-in-lanes order)."""
+    """Ops this process has run through our kernels so far: {"matmul": n, "lanes": n, "attention": n,
+    "lanes_reused": n} ("matmul": llama.cpp's order, "lanes": the rows-in-lanes order, "lanes_reused":
+    lanes products that reused the activations' layout of the previous product of the same tensor)."""
     lib = _lib()
     if lib is None:
-        return {"matmul": 0, "lanes": 0, "attention": 0}
+        return {"matmul": 0, "lanes": 0, "attention": 0, "lanes_reused": 0}
     lanes = int(lib.specserve_q8_lanes_calls()) if hasattr(lib, "specserve_q8_lanes_calls") else 0
-    return {"matmul": int(lib.specserve_q8_0_calls()), "lanes": lanes, "attention": int(lib.specserve_attn_q8_0_calls())}
+    reused = int(lib.specserve_q8_lanes_act_reuses()) if hasattr(lib, "specserve_q8_lanes_act_reuses") else 0
+    return {"matmul": int(lib.specserve_q8_0_calls()), "lanes": lanes, "attention": int(lib.specserve_attn_q8_0_calls()),
+            "lanes_reused": reused}
 
 
 def build_id() -> str:

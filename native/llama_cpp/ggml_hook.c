@@ -55,7 +55,7 @@ const char * specserve_q8_0_isa(void) {
 }
 
 // How many times this process took the kernel (tests check a real model goes through it).
-static atomic_llong specserve_calls = 0, specserve_lanes_calls = 0;
+static atomic_llong specserve_calls = 0, specserve_lanes_calls = 0, specserve_lanes_reuses = 0;
 
 long long specserve_q8_0_calls(void) {
     return atomic_load_explicit(&specserve_calls, memory_order_relaxed);
@@ -63,6 +63,20 @@ long long specserve_q8_0_calls(void) {
 
 long long specserve_q8_lanes_calls(void) {
     return atomic_load_explicit(&specserve_lanes_calls, memory_order_relaxed);
+}
+
+long long specserve_q8_lanes_act_reuses(void) {
+    return atomic_load_explicit(&specserve_lanes_reuses, memory_order_relaxed);
+}
+
+// Graphs this thread has begun computing (ggml_graph_compute_thread calls specserve_graph_begin
+// before its first node): within one graph a tensor's contents do not change once computed, so a
+// product's activations laid out for one weight matrix serve the next product of the same src1
+// tensor (Q, K and V read one normed row; the FFN's gate and up another).
+static _Thread_local unsigned long long specserve_graph = 0;
+
+void specserve_graph_begin(void) {
+    ++specserve_graph;
 }
 
 enum {
@@ -131,6 +145,46 @@ static bool takes(const struct ggml_tensor * dst) {
            src0->ne[0] % SPECSERVE_QK8_0 == 0 && dst->nb[0] == sizeof(float);
 }
 
+// The fp32 entry's activations in the lanes layout, each thread its own, kept for the next product
+// of the same src1 in the same graph: laying out 8 rows of K = 576 costs about what their product
+// with a 192-row K/V projection does. Reused only for the same tensor, at the same address and
+// shape, in the graph that computed it (ggml's allocator gives a tensor's memory to another only
+// after its last reader ran, and that other tensor is another struct).
+struct act_cache {
+    unsigned long long graph;
+    const struct ggml_tensor * src1;
+    const void * data;
+    int64_t n_a, nb;
+    size_t row_bytes;
+    void * buf;
+    size_t cap;
+};
+
+static void * act_for(const struct ggml_compute_params * params, const struct ggml_tensor * src1, int64_t n_a, int64_t nb) {
+    static _Thread_local struct act_cache cache;
+    struct act_cache * c = &cache;  // one TLS lookup
+    const unsigned long long graph = specserve_graph;
+    if (graph != 0 && c->graph == graph && c->src1 == src1 && c->data == src1->data && c->n_a == n_a && c->nb == nb &&
+        c->row_bytes == src1->nb[1]) {
+        if (params->ith == 0) {
+            atomic_fetch_add_explicit(&specserve_lanes_reuses, 1, memory_order_relaxed);
+        }
+        return c->buf;
+    }
+    const size_t size = specserve_q8_lanes_act_size(n_a, nb);
+    if (c->cap < size) {
+        free(c->buf);
+        c->buf = aligned_alloc(64, (size + 63) & ~(size_t)63);
+        if (!c->buf) {
+            GGML_ABORT("specserve: out of memory for %zu bytes of activations", size);
+        }
+        c->cap = size;
+    }
+    specserve_q8_lanes_act_f32((const float *)src1->data, src1->nb[1], n_a, nb, c->buf);
+    *c = (struct act_cache){graph, src1, src1->data, n_a, nb, src1->nb[1], c->buf, c->cap};
+    return c->buf;
+}
+
 // Decoding, verification and batched decode (up to A_CHUNK rows): the lanes product straight from
 // src1's fp32 rows, before ggml quantizes them into its shared work buffer. Each thread quantizes
 // all rows into its own layout (a few thousand numbers: cheaper than waiting for the other) and
@@ -152,8 +206,7 @@ bool specserve_q8_lanes_mul_mat_f32(const struct ggml_compute_params * params, c
     if (params->ith == 0) {
         atomic_fetch_add_explicit(&specserve_lanes_calls, 1, memory_order_relaxed);
     }
-    void * act = thread_buffer(specserve_q8_lanes_act_size(n_a, nb));
-    specserve_q8_lanes_act_f32((const float *)src1->data, src1->nb[1], n_a, nb, act);
+    void * act = act_for(params, src1, n_a, nb);
     const int64_t g0 = params->ith * groups / params->nth, g1 = (params->ith + 1) * groups / params->nth;
     specserve_q8_lanes_matmul(packed, g0, g1 - g0, nb, act, n_a, 0, n_a, (float *)dst->data, dst->nb[1] / sizeof(float));
     return true;

@@ -25,6 +25,9 @@ bool specserve_q8_lanes_mul_mat_f32(const struct ggml_compute_params * params, c
 // the matrix does not qualify or the lanes arithmetic is off
 const void * specserve_q8_lanes_weights(const struct ggml_tensor * w);
 
+// ggml_graph_compute_thread, before its first node: this thread starts a new graph (ggml_hook.c)
+void specserve_graph_begin(void);
+
 // ggml_compute_forward_flash_attn_ext_f16, first: true if computed here (attn_hook.cpp)
 bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct ggml_tensor * dst);
 
@@ -38,6 +41,7 @@ SPECSERVE_EXPORT long long specserve_attn_q8_0_calls(void);   // attention ops r
 SPECSERVE_EXPORT int specserve_q8_lanes_enabled(void);        // 1: weights the lanes kernel can take use it,
 SPECSERVE_EXPORT void specserve_q8_lanes_set_enabled(int on); //    at every row count (SPECSERVE_Q8_LANES=0 starts off)
 SPECSERVE_EXPORT long long specserve_q8_lanes_calls(void);    // matmuls run by the lanes kernel so far
+SPECSERVE_EXPORT long long specserve_q8_lanes_act_reuses(void); // of which reused the activations' layout
 SPECSERVE_EXPORT long long specserve_q8_lanes_bytes(void);    // bytes of rows-in-lanes weight copies held
 
 #ifdef __cplusplus

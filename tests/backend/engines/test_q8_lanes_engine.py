@@ -40,6 +40,8 @@ def test_every_matmul_of_a_step_takes_the_lanes_path(engine, t):
     after = q8_kernel.calls()
     assert after["lanes"] - before["lanes"] == 30 * 7 + 1  # 7 matrices a layer and the output
     assert after["matmul"] == before["matmul"]  # none left to the stock order
+    # K and V take Q's layout of the normed rows, up takes gate's: laid out 4 times a layer, not 7
+    assert after["lanes_reused"] - before["lanes_reused"] == 30 * 3
     # the model's weights, repacked once (138 MB of Q8_0 for this model)
     assert 130e6 < q8_kernel.lanes_bytes() < 160e6
 
