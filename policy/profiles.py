@@ -162,10 +162,14 @@ class StepTimeProfile:
         sequence verifying alike (n_tokens = batch (1 + gamma)) is one pass, T(batch, 1 + gamma).
         A ragged step, k = (n_tokens - batch) / gamma sequences verifying 1 + gamma and the rest
         1, is what llama.cpp runs (backend/engines/llama_cpp.py: a micro-batch takes as many
-        tokens from each of its sequences): the cheaper of one pass padded to the longest,
-        T(batch, 1 + gamma), and a pass of every sequence's first token then one of the k's
-        drafts, T(batch, 1) + T(k, gamma). (Measured, 32 sequences, 16 verifying 4: 358 and 445
-        ms by slot layout, this 381, the mean tokens per sequence T(32, 2.5) 313; docs/results.md.)
+        tokens from each of its sequences, consecutive sequence ids only): the cheaper of one pass
+        padded to the longest, T(batch, 1 + gamma), and a pass of every sequence's first token
+        then the k's drafts, T(batch, 1) + k T(1, gamma): k drafting sequences scattered among the
+        slots are k more passes over the weights, each a whole read of them now that rows cost
+        little (2-core Xeon, session 36: a pass ~11 ms, a row 0.6-1.7 ms; pricing them as one
+        pass, T(k, gamma), had the composite draft for 12% of 29 sequences at 0.53 acceptance,
+        89 ms steps against 65). (Measured before, 32 sequences, 16 verifying 4: 358 and 445 ms by
+        slot layout; the mean tokens per sequence T(32, 2.5) 313; docs/results.md.)
         Without gamma, T(batch, n_tokens / batch). Otherwise the table by token count.
 
         >>> p = StepTimeProfile((512,), (1, 64), ((0.01, 0.2),), ((0.0, 0.0),), (0.0, 0.0), (0.0, 0.0),
@@ -184,7 +188,7 @@ class StepTimeProfile:
         drafting = (n_tokens - batch) / gamma
         if drafting >= batch - 1e-9:
             return one_pass
-        return min(one_pass, self.target_shape(ctx_len, batch, 1) + self.target_shape(ctx_len, drafting, gamma))
+        return min(one_pass, self.target_shape(ctx_len, batch, 1) + drafting * self.target_shape(ctx_len, 1, gamma))
 
     def draft(self, ctx_len: float, batch: float) -> float:
         b = self.bucket(ctx_len)

@@ -53,7 +53,7 @@ PAD_RAGGED_MAX = 16  # pad steps whose longest sequence has at most this many to
 # A micro-batch's fixed cost in tokens' worth of its per-token cost: 2-core AVX-512 EPYC, Q8_0,
 # 256 cached tokens (2026-11-24): 8 x 1 tokens 32 ms, 32 x 1 98 ms, 8 x 3 76 ms -> ~2.75 ms a
 # token plus ~10 ms a pass. Only the choice between padding and splitting reads it.
-UBATCH_COST_TOKENS = 4
+UBATCH_COST_TOKENS = 8  # a pass reads every weight (~11 ms, 2-core Xeon); a padded row costs 0.6-1.7 ms (session 36)
 
 
 def ubatches(slots: Sequence[int], lens: Sequence[int]) -> int:

@@ -59,14 +59,19 @@ def test_verifying_at_32_streams_costs_what_32_sequences_of_2_tokens_do(profile)
 
 def test_a_ragged_step_costs_the_cheaper_of_one_padded_pass_and_a_split_one(profile):
     """llama.cpp runs 16 of 32 sequences verifying 4 tokens beside 16 decoding as one pass padded
-    to 4 tokens each, or as 32 x 1 then 16 x 3 (a micro-batch takes as many tokens from each of its
-    sequences); not as 32 sequences of 2.5 tokens."""
+    to 4 tokens each, or as 32 x 1 then the 16's drafts (a micro-batch takes as many tokens from
+    each of a run of consecutive sequences): scattered among the slots, one more pass each, 16 x
+    T(1, 3); not as 32 sequences of 2.5 tokens, nor the 16's drafts as one pass."""
     m = StepTimeModel(profile, ema=0.2)
-    t16x3 = (cost(16, 2) + cost(16, 4)) / 2  # between the table's t = 2 and 4
-    split = cost(32, 1) + t16x3
-    assert split < cost(32, 4)
-    assert m.profiled(300.0, 80, 3, 0, batch=32) == pytest.approx(split)
-    assert m.row(0, 32, 300.0, 16, 0, 3)[3] == pytest.approx(split)  # the composite's row, 16 drafting
+    t1x3 = (cost(1, 2) + cost(1, 4)) / 2  # between the table's t = 2 and 4
+    split = cost(32, 1) + 16 * t1x3
+    assert split != pytest.approx(cost(32, 1) + (cost(16, 2) + cost(16, 4)) / 2)  # not one pass of 16 x 3
+    want = min(split, cost(32, 4))
+    assert m.profiled(300.0, 80, 3, 0, batch=32) == pytest.approx(want)
+    assert m.row(0, 32, 300.0, 16, 0, 3)[3] == pytest.approx(want)  # the composite's row, 16 drafting
+    # two of 32 verifying 4: a decode pass and two passes of 1 x 3, cheaper than padding 32 to 4
+    assert cost(32, 1) + 2 * t1x3 < cost(32, 4)
+    assert m.profiled(300.0, 38, 3, 0, batch=32) == pytest.approx(cost(32, 1) + 2 * t1x3)
     # one sequence of 32 verifying 8 tokens: a decode pass and a pass of 1 x 7
     assert m.profiled(300.0, 39, 7, 0, batch=32) == pytest.approx(cost(32, 1) + (cost(1, 4) + 3 * cost(1, 8)) / 4)
 
