@@ -2,6 +2,7 @@
 // which order).
 #include "attn_scores.h"
 
+#include "q8_lanes.h"
 #include "q8_matmul.h"
 
 #include <math.h>
@@ -27,19 +28,10 @@ inline const specserve_block_q8_0 * block(const void * rows, size_t row_bytes, i
 
 extern "C" void specserve_attn_scores_ref(const void * k_rows, size_t k_row_bytes, int64_t n_keys, const void * q8,
                                           size_t q_row, int64_t nq, int64_t nb, float * scores, size_t pad) {
+    // the lanes matmul's own specification, the keys as its weight rows (the scale product
+    // commutes, so it is the same score)
+    specserve_q8_lanes_ref(k_rows, k_row_bytes, n_keys, q8, q_row, nq, nb, scores, pad);
     for (int64_t i = 0; i < nq; ++i) {
-        for (int64_t k = 0; k < n_keys; ++k) {
-            float acc = 0.0f;
-            for (int64_t b = 0; b < nb; ++b) {
-                const specserve_block_q8_0 * qb = block(q8, q_row, i, b);
-                const specserve_block_q8_0 * kb = block(k_rows, k_row_bytes, k, b);
-                int32_t s = 0;
-                for (int j = 0; j < SPECSERVE_QK8_0; ++j) s += (int32_t)qb->qs[j] * kb->qs[j];
-                const float d = specserve_half_to_float(qb->d) * specserve_half_to_float(kb->d);
-                acc = fmaf(d, (float)s, acc);
-            }
-            scores[i * pad + k] = acc;
-        }
         for (size_t k = (size_t)n_keys; k < pad; ++k) scores[i * pad + k] = 0.0f;
     }
 }

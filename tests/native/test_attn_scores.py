@@ -14,7 +14,7 @@ from tests.native.test_q8_lanes import AVX512
 from tests.native.test_q8_matmul import BLOCK, blocks, compiled
 
 ROOT = Path(__file__).resolve().parents[2]
-SRCS = [ROOT / "native" / "llama_cpp" / f for f in ("attn_scores.cpp", "q8_matmul.cpp")]
+SRCS = [ROOT / "native" / "llama_cpp" / f for f in ("attn_scores.cpp", "q8_lanes.cpp", "q8_matmul.cpp")]
 PATHS = {"avx512vnni": (AVX512, ("-march=native",)), "plain": (set(), ())}
 
 
