@@ -54,11 +54,16 @@ class CompositeConfig:
     # in iterations without speculation shows the policy nothing, and a "no" would never end.
     # 0: never probe
     probe_every: int = 64
+    # at REST_MIN_BATCH sequences or more, a plan that drafts for nobody is followed by steps
+    # that decode plainly without looking ahead or planning: 1, then 2, 4, ... up to rest_max
+    # while the plans between them keep declining (`_Rest`); 0: plan every step
+    rest_max: int = 8
 
     def check(self, policy: str) -> None:
         require(len(self.drafters) >= 1, policy, "drafters must be a non-empty list")
         in_range(policy, "gamma_max", self.gamma_max, 1, 64)
         in_range(policy, "probe_every", self.probe_every, 0, 1_000_000)
+        in_range(policy, "rest_max", self.rest_max, 0, 1_000)
         in_range(policy, "prior_alpha", self.prior_alpha, 0.0, 0.99)
         in_range(policy, "global_discount", self.global_discount, 0.5, 1.0)
         in_range(policy, "seq_discount", self.seq_discount, 0.1, 1.0)
@@ -87,6 +92,40 @@ class _Batch(NamedTuple):
     bonus: List[float]  # optimism per gamma (`planner.optimism_bonus`)
     is_model: Dict[str, bool]  # usable drafter -> is a model drafter
     rows: Dict[tuple, List[float]]  # (k, n_model) -> time row: the plans of a step often share one
+
+
+# Looking ahead and planning cost ~0.1 ms a sequence (Python: each drafter's proposal, each
+# sequence's pick): 1-1.5 ms of a 20 ms step at 8 sequences (2-core Xeon, session 37), 5-7% of
+# the throughput of a batch that decodes plainly; at 1-3 sequences under 1%, and there a step
+# planned late costs a draft that often pays.
+REST_MIN_BATCH = 4
+
+
+@dataclass
+class _Rest:
+    """Steps left to decode plainly without looking ahead or planning, and the next rest's
+    length: it doubles, up to rest_max, while each plan between rests still drafts for
+    nobody, and starts again from 1 after a plan that drafts or when the batch-size bucket
+    changes. A workload where speculation does not pay plans 1 step in 1 + rest_max; one
+    where it starts to pay waits rest_max steps at most."""
+    left: int = 0
+    next: int = 1
+    bucket: int = -1
+
+    def resting(self, bucket: int) -> bool:
+        """Whether this step rests (called once a step, by `decide`)."""
+        if not self.left:
+            return False
+        self.left -= 1
+        if bucket != self.bucket:  # the batch changed: plan the next step
+            self.left, self.next = 0, 1
+        return True
+
+    def planned(self, bucket: int, drafts: bool, rest_max: int) -> None:
+        if drafts or bucket != self.bucket:
+            self.next, self.bucket = 1, bucket
+        if not drafts and rest_max:
+            self.left, self.next = min(self.next, rest_max), min(2 * self.next, rest_max)
 
 
 class _Seen(NamedTuple):
@@ -142,12 +181,15 @@ class Composite(Policy):
         self._drafting: Optional[_Drafting] = None
         self._seen = _Seen(0.0, None, tuple(c.drafters))
         self._declined: Dict[int, int] = {}  # batch-size bucket -> speculates_at "no"s since its last "yes"
+        self._rest = _Rest()
 
     def alpha(self, seq_id: int, drafter: str) -> float:
         return self.acceptance.alpha(seq_id, drafter)
 
     def lookahead(self) -> Dict[str, int]:
-        return {d: self.cfg.gamma_max for d in self.cfg.drafters} if self.cfg.lookahead else {}
+        if not self.cfg.lookahead or self._rest.left:  # a resting step plans nothing: no drafts needed
+            return {}
+        return {d: self.cfg.gamma_max for d in self.cfg.drafters}
 
     # -- decision ---------------------------------------------------------------
     def decide(self, ctx: StepContext) -> Decision:
@@ -160,7 +202,13 @@ class Composite(Policy):
         self._seen = _Seen(sum([v.context_len for v in ctx.sequences]) / b, ctx.tpot_slo_s, tuple(usable))
         # KV headroom: while requests wait and free blocks are short, drafts would preempt them
         pressure = kv_pressure(ctx.queue_len, ctx.kv_free_blocks, ctx.kv_total_blocks, c.tau_low_frac)
-        arms = self._choose(ctx, usable, info) if usable and not pressure else {}
+        bucket = bucket_of(b)
+        if self._rest.resting(bucket):
+            arms = {}
+        else:
+            arms = self._choose(ctx, usable, info) if usable and not pressure else {}
+            if b >= REST_MIN_BATCH:
+                self._rest.planned(bucket, bool(arms), c.rest_max)
         actions = self.memory.update(ctx, sd_enabled=bool(arms)) if c.elastic else []
         return Decision(arms=arms, memory_actions=tuple(actions))
 

@@ -20,22 +20,31 @@ def kind_of(gamma: int, n_model: int) -> str:
 class StepTimeModel:
     """profile(ctx, tokens, gamma, model sequences) x ratio(bucket, kind, gamma).
 
-    The ratio is a moving average (weight `ema`) of observed / profiled step time per
-    (batch-size bucket, kind, gamma). A gamma not yet seen borrows the ratio of the
-    nearest seen gamma of the same bucket and kind (the lower ratio when two are equally
-    near): drafting one token more or less changes the error less than a new regime does.
-    Thin evidence is shrunk towards the base: (ratio n + base) / (n + 1), base the plain
-    steps' correction for a drafting kind and 1 (the profile) for plain steps; a kind not
-    seen yet takes the base.
+    Plain steps: the ratio is a moving average (weight `ema`) of observed / profiled step
+    time per batch-size bucket, shrunk towards the profile with thin evidence: (ratio n +
+    1) / (n + 1). That is the error every kind shares (a slower host, the driver's own
+    per-step work), so a drafting kind's correction is the plain one times its own
+    relative ratio, a moving average of observed / (profiled x the plain correction when
+    it was observed), per (bucket, kind, gamma), shrunk towards 1 alike. Two independent
+    averages would let the host's drift and a few slow plain steps (this 2-core host moves
+    10-30% within a minute) make drafting look cheaper exactly when plain decoding's
+    estimate is high, and the policy would draft on that noise (chat at 8 sequences,
+    session 37: drafting planned at 33 ms against a plain step estimated at 25.9 ms that
+    took 20.2). A gamma not yet seen borrows the relative ratio of the nearest seen gamma
+    of the same bucket and kind (the lower when two are equally near): drafting one token
+    more or less changes the error less than a new regime does; a kind not seen yet takes
+    the plain correction.
 
     >>> m = StepTimeModel(StepTimeProfile.default(), ema=0.5)
     >>> m.correction(1, "free", 4)
     1.0
-    >>> m.learn(1, "free", 2, 1.5); m.learn(1, "free", 2, 1.5)   # ratio 1.5 seen twice
+    >>> m.learn(1, "free", 2, 1.5); m.learn(1, "free", 2, 1.5)   # 1.5 the plain correction (1) seen twice
     >>> m.correction(1, "free", 4), m.correction(1, "model", 2)   # (1.5 * 2 + 1) / 3
     (1.3333333333333333, 1.0)
-    >>> m.learn(1, "none", 0, 2.0); m.correction(1, "model", 2)   # plain steps: (2 + 1) / 2
-    1.5
+    >>> m.learn(1, "none", 0, 2.0); m.correction(1, "none", 0), m.correction(1, "model", 2)   # (2 + 1) / 2
+    (1.5, 1.5)
+    >>> m.correction(1, "free", 2)   # the host's share moves drafting too: 1.5 x 4 / 3
+    2.0
     """
 
     def __init__(self, profile: StepTimeProfile, ema: float):
@@ -97,14 +106,13 @@ class StepTimeModel:
         near = per.get(gamma)
         if near is None:
             near = per[gamma] = self._nearest_seen(bucket, kind, gamma)
-        # the profile's error shared by every kind (a slower host, the driver's own per-step
-        # work) is what plain steps show: a kind not seen yet, or seen little, starts from it,
-        # or drafting looks cheaper than it is exactly where plain decoding is what was measured
+        # the profile's error shared by every kind is what plain steps show; a drafting kind's
+        # own ratio is relative to it (`learn`), so both move with the host alike
         base = 1.0 if kind == "none" else self.correction(bucket, "none", 0)
         if not near:
             return base
         ratio, n = near[0][1] if len(near) == 1 else min((v[0], v[1], g) for g, v in near)[:2]
-        return (ratio * n + base) / (n + 1.0)
+        return base * (ratio * n + 1.0) / (n + 1.0)
 
     def _nearest_seen(self, bucket: int, kind: str, gamma: int) -> Tuple[tuple, ...]:
         seen = self._by_kind.get((bucket, kind), {})
@@ -127,6 +135,9 @@ class StepTimeModel:
         return [prof[0] * corr(bucket, "none", 0)] + [prof[g] * corr(bucket, kind, g) for g in range(1, gamma_max + 1)]
 
     def learn(self, bucket: int, kind: str, gamma: int, observed_ratio: float) -> None:
+        """A step of this bucket, kind and gamma took observed_ratio x its profiled time."""
+        if kind != "none":  # relative to the plain steps' correction now (the class's doc)
+            observed_ratio /= self.correction(bucket, "none", 0)
         key = (bucket, kind, gamma)
         new = key not in self.ratio
         r = self.ratio.setdefault(key, [observed_ratio, 0])

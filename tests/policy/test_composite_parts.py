@@ -174,3 +174,58 @@ def test_composite_plans_no_longer_than_the_ready_draft():
     long = pol.decide(StepContext(step=0, sequences=[view(8)], drafters=drafters)).arms[0].gamma
     short = pol.decide(StepContext(step=1, sequences=[view(2)], drafters=drafters)).arms[0].gamma
     assert long > 2 and short == 2  # beyond 2 ready tokens a longer draft only adds cost
+
+
+def test_drafting_corrections_move_with_the_plain_steps_correction():
+    # a drafting kind learned at 1.2x the plain steps' correction stays 1.2x it when the host
+    # slows down: plain steps alone then show it, and drafting must not look cheaper for that
+    m = StepTimeModel(StepTimeProfile.default(), ema=1.0)
+    for _ in range(50):
+        m.learn(8, "none", 0, 1.0)
+        m.learn(8, "free", 1, 1.2)
+    before = m.correction(8, "free", 1) / m.correction(8, "none", 0)
+    for _ in range(50):
+        m.learn(8, "none", 0, 1.5)  # the host slowed: only plain steps were measured since
+    assert m.correction(8, "none", 0) == pytest.approx((1.5 * 100 + 1) / 101)
+    assert m.correction(8, "free", 1) / m.correction(8, "none", 0) == pytest.approx(before)
+    assert before == pytest.approx((1.2 * 50 + 1) / 51)
+
+
+def _batch_ctx(step, n, available):
+    from policy.types import DrafterInfo, SequenceView, StepContext
+
+    views = [SequenceView(seq_id=i, context_len=100, generated=5, max_new_tokens=64, temperature=0.0,
+                          available=None if available is None else {"ngram": available}) for i in range(n)]
+    return StepContext(step=step, sequences=views, drafters=[DrafterInfo(name="ngram", is_model=False, resident=True)])
+
+
+def test_composite_rests_from_planning_while_plans_decline_and_plans_again_at_once_after_a_draft():
+    from policy import make_policy
+
+    pol = make_policy("composite", drafters=["ngram"], prior_alpha=0.9, rest_max=4)
+    # 8 sequences, nobody with a draft ready: each plan declines, then rests 1, 2, 4, 4 steps
+    planned = []
+    for step in range(20):
+        looks = bool(pol.lookahead())
+        planned.append(looks)
+        assert not pol.decide(_batch_ctx(step, 8, 0 if looks else None)).arms
+    assert planned == [True, False, True, False, False, True, False, False, False, False,
+                       True, False, False, False, False, True, False, False, False, False]
+    # a plan that drafts (drafts ready, a high prior) resets the rests: the next decline rests 1 step
+    while not pol.lookahead():
+        pol.decide(_batch_ctx(20, 8, None))
+    assert pol.decide(_batch_ctx(21, 8, 8)).arms
+    assert pol.lookahead()
+    assert not pol.decide(_batch_ctx(22, 8, 0)).arms
+    assert not pol.lookahead() and not pol.decide(_batch_ctx(23, 8, None)).arms
+    assert pol.lookahead()
+
+
+def test_composite_plans_every_step_below_four_sequences_or_without_rest():
+    from policy import make_policy
+
+    for n, rest_max in ((3, 8), (8, 0)):
+        pol = make_policy("composite", drafters=["ngram"], prior_alpha=0.9, rest_max=rest_max)
+        for step in range(10):
+            assert pol.lookahead()
+            assert not pol.decide(_batch_ctx(step, n, 0)).arms
