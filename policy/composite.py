@@ -55,7 +55,7 @@ class CompositeConfig:
     # 0: never probe
     probe_every: int = 64
     # at REST_MIN_BATCH sequences or more, a plan that drafts for nobody is followed by steps
-    # that decode plainly without looking ahead or planning: 1, then 2, 4, ... up to rest_max
+    # that decode plainly without planning: 1, then 2, 4, ... up to rest_max
     # while the plans between them keep declining (`_Rest`); 0: plan every step
     rest_max: int = 8
 
@@ -94,16 +94,16 @@ class _Batch(NamedTuple):
     rows: Dict[tuple, List[float]]  # (k, n_model) -> time row: the plans of a step often share one
 
 
-# Looking ahead and planning cost ~0.1 ms a sequence (Python: each drafter's proposal, each
-# sequence's pick): 1-1.5 ms of a 20 ms step at 8 sequences (2-core Xeon, session 37), 5-7% of
-# the throughput of a batch that decodes plainly; at 1-3 sequences under 1%, and there a step
-# planned late costs a draft that often pays.
+# Planning costs ~0.05 ms a sequence (Python: each sequence's pick, the plan's rows): 0.3-0.5 ms
+# of a 20 ms step at 8 sequences (2-core Xeon, session 37), 1.5-2.5% of the throughput of a
+# batch that decodes plainly; at 1-3 sequences well under 1%, and there a step planned late
+# costs a draft that often pays.
 REST_MIN_BATCH = 4
 
 
 @dataclass
 class _Rest:
-    """Steps left to decode plainly without looking ahead or planning, and the next rest's
+    """Steps left to decode plainly without planning, and the next rest's
     length: it doubles, up to rest_max, while each plan between rests still drafts for
     nobody, and starts again from 1 after a plan that drafts or when the batch-size bucket
     changes. A workload where speculation does not pay plans 1 step in 1 + rest_max; one
@@ -187,9 +187,10 @@ class Composite(Policy):
         return self.acceptance.alpha(seq_id, drafter)
 
     def lookahead(self) -> Dict[str, int]:
-        if not self.cfg.lookahead or self._rest.left:  # a resting step plans nothing: no drafts needed
-            return {}
-        return {d: self.cfg.gamma_max for d in self.cfg.drafters}
+        # resting steps look ahead too: their drafts, checked against what the step commits,
+        # keep the acceptance rates learning (without them copy-heavy requests at 8 sequences
+        # were still at the prior when plans resumed, and never drafted: session 37)
+        return {d: self.cfg.gamma_max for d in self.cfg.drafters} if self.cfg.lookahead else {}
 
     # -- decision ---------------------------------------------------------------
     def decide(self, ctx: StepContext) -> Decision:
