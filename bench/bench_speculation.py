@@ -150,7 +150,6 @@ PEER_PLAIN = "llama.cpp Llama (peer)"
 PEER_LOOKUP = "llama.cpp prompt lookup (peer)"
 
 
-
 def _run_once(engine, engine_kind: str, tok, kind: str, name: str, prompt: str, policy: str, params: dict,
               max_tokens: int) -> dict:
     """One request of `prompt` through a fresh batch-1 loop of this arm: its row (tok/s, steps, times, ids)."""
@@ -178,6 +177,7 @@ def _run_once(engine, engine_kind: str, tok, kind: str, name: str, prompt: str, 
     row["ms_per_step"]["sched+io"] = row["ms_per_step"]["step"] - sum(
         row["ms_per_step"][k] for k in ("draft", "verify", "accept"))
     return row
+
 
 def llama_cpp_peers(tok, max_tokens: int, repeats: int, checkpoint: Path = CHECKPOINT,
                     prompts: int | None = None) -> list:

@@ -388,6 +388,7 @@ class Composite(Policy):
         declined = self._declined[bucket] = self._declined.get(bucket, 0) + 1
         if c.probe_every and declined >= c.probe_every:
             self._declined[bucket] = 0
+            self._rest.left = 0  # a probe is for planning: the "no"s before it were the rest
             return True
         return False
 

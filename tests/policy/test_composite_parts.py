@@ -223,3 +223,13 @@ def test_composite_plans_every_step_below_four_sequences_or_without_rest():
         pol = make_policy("composite", drafters=["ngram"], prior_alpha=0.9, rest_max=rest_max)
         assert not pol.decide(_batch_ctx(0, n, 0)).arms
         assert pol.decide(_batch_ctx(1, n, 8)).arms  # planned at once: drafts
+
+
+def test_a_probe_of_speculates_at_plans_even_after_a_declined_plan():
+    from policy import make_policy
+
+    pol = make_policy("composite", drafters=["ngram"], prior_alpha=0.9, probe_every=2)
+    pol._pays = lambda batch_size, bucket: False  # whole-batch speculation would not pay: only probes say yes
+    assert not pol.decide(_batch_ctx(0, 8, 0)).arms  # declined: the next decide would rest
+    assert [pol.speculates_at(8), pol.speculates_at(8)] == [False, True]  # an engine skipping the hook, then a probe
+    assert pol.decide(_batch_ctx(1, 8, 8)).arms  # the probe plans (and drafts), not rests
