@@ -160,11 +160,12 @@ struct act_cache {
     size_t cap;
 };
 
-static void * act_for(const struct ggml_compute_params * params, const struct ggml_tensor * src1, int64_t n_a, int64_t nb) {
+static void * act_for(const struct ggml_compute_params * params, const struct ggml_tensor * src1, const float * x,
+                      int64_t n_a, int64_t nb) {
     static _Thread_local struct act_cache cache;
     struct act_cache * c = &cache;  // one TLS lookup
     const unsigned long long graph = specserve_graph;
-    if (graph != 0 && c->graph == graph && c->src1 == src1 && c->data == src1->data && c->n_a == n_a && c->nb == nb &&
+    if (graph != 0 && c->graph == graph && c->src1 == src1 && c->data == x && c->n_a == n_a && c->nb == nb &&
         c->row_bytes == src1->nb[1]) {
         if (params->ith == 0) {
             atomic_fetch_add_explicit(&specserve_lanes_reuses, 1, memory_order_relaxed);
@@ -180,22 +181,27 @@ static void * act_for(const struct ggml_compute_params * params, const struct gg
         }
         c->cap = size;
     }
-    specserve_q8_lanes_act_f32((const float *)src1->data, src1->nb[1], n_a, nb, c->buf);
-    *c = (struct act_cache){graph, src1, src1->data, n_a, nb, src1->nb[1], c->buf, c->cap};
+    specserve_q8_lanes_act_f32(x, src1->nb[1], n_a, nb, c->buf);
+    *c = (struct act_cache){graph, src1, x, n_a, nb, src1->nb[1], c->buf, c->cap};
     return c->buf;
 }
 
-// Decoding, verification and batched decode (up to A_CHUNK rows): the lanes product straight from
-// src1's fp32 rows, before ggml quantizes them into its shared work buffer. Each thread quantizes
-// all rows into its own layout (a few thousand numbers: cheaper than waiting for the other) and
-// takes a fixed share of the weight groups, so the call needs neither ggml's barrier after the
-// quantization nor its chunk counter, which that barrier orders. Its bits equal the path below:
-// the same quantization (q8_lanes.h) and the same kernel. Prefill's many rows keep the path below,
-// whose chunks balance long products between threads.
+// Every product of a packed matrix, straight from src1's fp32 rows, before ggml quantizes them
+// into its shared work buffer, with neither ggml's barrier after that quantization nor its chunk
+// counter (which that barrier orders). Its bits equal the path below: the same quantization
+// (q8_lanes.h) and the same kernel, element by element.
+// - Up to A_CHUNK rows (decoding, verification, batched decode): each thread quantizes all rows
+//   into its own layout (a few thousand numbers: cheaper than waiting for the other) and takes a
+//   fixed share of the weight groups.
+// - More (prefill, large verification batches): each thread takes a fixed share of the rows,
+//   lays out only those and multiplies them by every weight group. The weights are then read
+//   once a thread, which the many rows repay; ggml's way quantized all rows for every product
+//   (Q, K and V each) and our layout of them was made by both threads (415-token prefill: 13% of
+//   its time).
 bool specserve_q8_lanes_mul_mat_f32(const struct ggml_compute_params * params, const struct ggml_tensor * dst) {
     const struct ggml_tensor * src0 = dst->src[0];
     const struct ggml_tensor * src1 = dst->src[1];
-    if (!takes(dst) || src1->type != GGML_TYPE_F32 || src1->nb[0] != sizeof(float) || src1->ne[1] > A_CHUNK) {
+    if (!takes(dst) || src1->type != GGML_TYPE_F32 || src1->nb[0] != sizeof(float)) {
         return false;
     }
     const void * packed = specserve_q8_lanes_weights(src0);
@@ -203,12 +209,22 @@ bool specserve_q8_lanes_mul_mat_f32(const struct ggml_compute_params * params, c
         return false;
     }
     const int64_t n_a = src1->ne[1], nb = src0->ne[0] / SPECSERVE_QK8_0, groups = src0->ne[1] / SPECSERVE_LANES;
+    const size_t dst_stride = dst->nb[1] / sizeof(float);
     if (params->ith == 0) {
         atomic_fetch_add_explicit(&specserve_lanes_calls, 1, memory_order_relaxed);
     }
-    void * act = act_for(params, src1, n_a, nb);
-    const int64_t g0 = params->ith * groups / params->nth, g1 = (params->ith + 1) * groups / params->nth;
-    specserve_q8_lanes_matmul(packed, g0, g1 - g0, nb, act, n_a, 0, n_a, (float *)dst->data, dst->nb[1] / sizeof(float));
+    if (n_a <= A_CHUNK) {
+        void * act = act_for(params, src1, (const float *)src1->data, n_a, nb);
+        const int64_t g0 = params->ith * groups / params->nth, g1 = (params->ith + 1) * groups / params->nth;
+        specserve_q8_lanes_matmul(packed, g0, g1 - g0, nb, act, n_a, 0, n_a, (float *)dst->data, dst_stride);
+        return true;
+    }
+    const int64_t c0 = params->ith * n_a / params->nth, c1 = (params->ith + 1) * n_a / params->nth;
+    if (c1 > c0) {
+        void * act = act_for(params, src1, (const float *)((const char *)src1->data + c0 * src1->nb[1]), c1 - c0, nb);
+        specserve_q8_lanes_matmul(packed, 0, groups, nb, act, c1 - c0, 0, c1 - c0, (float *)dst->data + c0 * dst_stride,
+                                  dst_stride);
+    }
     return true;
 }
 

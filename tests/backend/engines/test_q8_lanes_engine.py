@@ -46,6 +46,21 @@ def test_every_matmul_of_a_step_takes_the_lanes_path(engine, t):
     assert 130e6 < q8_kernel.lanes_bytes() < 160e6
 
 
+def test_a_long_prefill_splits_its_rows_between_threads_and_keeps_every_bit(engine):
+    """Past 64 rows each thread lays out and multiplies its own share of the rows (ggml_hook.c):
+    still every matrix in the lanes order, and every position's logits the bits of the same tokens
+    prefilled in pieces of at most 64, where each thread takes all rows and a share of the weights."""
+    toks = prompt(60, 150)
+    before = q8_kernel.calls()
+    whole = step(engine, [0], [toks], [0])
+    after = q8_kernel.calls()
+    assert after["lanes"] - before["lanes"] == 30 * 7 + 1
+    assert after["matmul"] == before["matmul"]
+    assert after["lanes_reused"] - before["lanes_reused"] == 30 * 3
+    pieces = [step(engine, [0], [toks[a:b]], [a]) for a, b in ((0, 40), (40, 104), (104, 150))]
+    assert np.array_equal(bits(whole), np.concatenate([bits(x) for x in pieces]))
+
+
 def test_a_decoding_row_is_the_same_alone_and_in_a_batch(engine):
     for s in range(4):
         step(engine, [s], [prompt(20 + s, CTX)], [0])
