@@ -359,7 +359,7 @@ class EngineLoop:
         it emits. logits: [sum(1 + len(draft)), V], sequences in batch order.
         -> (verdicts in batch order, sequences whose verification raised: they emit nothing
         and are failed after the step; the others are unaffected)."""
-        argmax = logits.argmax(dim=-1).tolist()
+        argmax = verifier.row_argmax(logits)
         verdicts, failed, row = [], [], 0
         for seq, draft in zip(batch, proposal.drafts):
             n = len(draft) + 1
