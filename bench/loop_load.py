@@ -23,6 +23,7 @@ from backend.generation.request import GenerationRequest
 from backend.loop.offline import ListSink
 from backend.server_config import ServerConfig
 from backend.services.build import build_loop
+from backend.services.heap import freeze_startup_objects
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,6 +51,7 @@ def main(argv=None) -> None:
     warm = submit("Hello")
     while not warm.done:
         loop.step()
+    freeze_startup_objects()  # as the server does once started
     steps.clear()
     live = [submit(next(prompts)) for _ in range(a.batch)]
     t0 = time.perf_counter()

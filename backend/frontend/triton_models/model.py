@@ -23,6 +23,7 @@ from ...generation.request import Overloaded, RequestError, validate
 from ...served import for_model
 from ...services import Service
 from ...services.build import build_service
+from ...services.heap import freeze_startup_objects
 from ...wire import ErrorKind
 
 log = logging.getLogger("specserve")
@@ -44,6 +45,7 @@ class TritonPythonModel:
         self.requests = RequestLog()
         self.metrics = MetricsPublisher(self.service, pb_utils, args["model_name"], args["model_version"], self.requests)
         self.service.start()  # after the publisher hooked the service's step outcomes
+        freeze_startup_objects()  # full collections skip them from now on (heap.py)
         drain_file = os.environ.get("SPECSERVE_DRAIN_FILE")
         self.drain = DrainWatcher(drain_file, self.service, writer=self.writer) if drain_file else None
 
