@@ -59,6 +59,13 @@ class Policy(abc.ABC):
         Default: none."""
         return {}
 
+    def lookahead_stride(self, batch_size: int) -> int:
+        """Look ahead this step for one sequence in this many (those whose seq_id + step is a
+        multiple of it, so each sequence's turn comes round): the drafts' cost, Python's, grows
+        with the batch, and a step the policy will not plan needs them only for learning.
+        Default 1: every sequence."""
+        return 1
+
     def speculates_at(self, batch_size: int, *, queue_len: int = 0, kv_free_blocks: int = 0,
                       kv_total_blocks: int = 0) -> bool:
         """Asked once per iteration, before an engine that pads every draft to one length

@@ -58,12 +58,17 @@ class CompositeConfig:
     # that decode plainly without planning: 1, then 2, 4, ... up to rest_max
     # while the plans between them keep declining (`_Rest`); 0: plan every step
     rest_max: int = 8
+    # a resting step looks ahead for about this many sequences, in turn (`lookahead_stride`):
+    # enough drafts checked against the committed tokens to keep learning, without Python's
+    # cost of all of them (32 sequences: ~1 ms a step); 0: all
+    rest_lookahead: int = 8
 
     def check(self, policy: str) -> None:
         require(len(self.drafters) >= 1, policy, "drafters must be a non-empty list")
         in_range(policy, "gamma_max", self.gamma_max, 1, 64)
         in_range(policy, "probe_every", self.probe_every, 0, 1_000_000)
         in_range(policy, "rest_max", self.rest_max, 0, 1_000)
+        in_range(policy, "rest_lookahead", self.rest_lookahead, 0, 1_000_000)
         in_range(policy, "prior_alpha", self.prior_alpha, 0.0, 0.99)
         in_range(policy, "global_discount", self.global_discount, 0.5, 1.0)
         in_range(policy, "seq_discount", self.seq_discount, 0.1, 1.0)
@@ -191,6 +196,14 @@ class Composite(Policy):
         # keep the acceptance rates learning (without them copy-heavy requests at 8 sequences
         # were still at the prior when plans resumed, and never drafted: session 37)
         return {d: self.cfg.gamma_max for d in self.cfg.drafters} if self.cfg.lookahead else {}
+
+    def lookahead_stride(self, batch_size: int) -> int:
+        # a step that will rest (asked before `decide`) looks ahead for ~rest_lookahead
+        # sequences in turn; a planning step for all (its plan needs every ready draft)
+        n = self.cfg.rest_lookahead
+        if not (self._rest.left and n and batch_size >= REST_MIN_BATCH):
+            return 1
+        return -(-batch_size // n)
 
     # -- decision ---------------------------------------------------------------
     def decide(self, ctx: StepContext) -> Decision:

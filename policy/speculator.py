@@ -195,7 +195,7 @@ class Speculator:
     def context(self, step: int, sequences: Sequence[Active], *, queue_len: int = 0, kv_free_blocks: int = 0,
                 kv_total_blocks: int = 0, tpot_slo_s: Optional[float] = None) -> StepContext:
         lag = {n: d for n, d in self.model_drafters.items() if hasattr(d, "lag")}
-        available = self._look_ahead(sequences) if self.lookahead else {}
+        available = self._look_ahead(step, sequences) if self.lookahead else {}
         views = [SequenceView(seq_id=s.seq_id, context_len=s.context_len, generated=s.generated,
                               max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                               last_drafter=self.last_drafter.get(s.seq_id),
@@ -208,14 +208,17 @@ class Speculator:
         return StepContext(step=step, sequences=views, drafters=infos, queue_len=queue_len,
                            kv_free_blocks=kv_free_blocks, kv_total_blocks=kv_total_blocks, tpot_slo_s=tpot_slo_s)
 
-    def _look_ahead(self, sequences: Sequence[Active]) -> Dict[int, Dict[str, int]]:
-        """This step's ready drafts (kept for `propose`); per sequence, their lengths."""
+    def _look_ahead(self, step: int, sequences: Sequence[Active]) -> Dict[int, Dict[str, int]]:
+        """This step's ready drafts (kept for `propose`); per sequence, their lengths (none for
+        a sequence whose turn it is not: `Policy.lookahead_stride`)."""
         self._ready = {}
-        for name, gamma in self.policy.lookahead().items():
+        wanted = self.policy.lookahead()
+        stride = max(1, self.policy.lookahead_stride(len(sequences))) if wanted else 1
+        todo = [s for s in sequences if s.room > 0 and (s.seq_id + step) % stride == 0]
+        for name, gamma in wanted.items():
             d = self.drafters.get(name)
-            if d is None or d.is_model or not d.resident or gamma <= 0:
+            if d is None or d.is_model or not d.resident or gamma <= 0 or not todo:
                 continue
-            todo = [s for s in sequences if s.room > 0]
             try:
                 out = d.propose_batch([DraftRequest(s.seq_id, s.tokens, min(gamma, s.room), s.temperature,
                                                     s.generator) for s in todo])

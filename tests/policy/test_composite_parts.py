@@ -233,3 +233,17 @@ def test_a_probe_of_speculates_at_plans_even_after_a_declined_plan():
     assert not pol.decide(_batch_ctx(0, 8, 0)).arms  # declined: the next decide would rest
     assert [pol.speculates_at(8), pol.speculates_at(8)] == [False, True]  # an engine skipping the hook, then a probe
     assert pol.decide(_batch_ctx(1, 8, 8)).arms  # the probe plans (and drafts), not rests
+
+
+def test_composite_looks_ahead_for_about_rest_lookahead_sequences_while_resting():
+    from policy import make_policy
+
+    pol = make_policy("composite", drafters=["ngram"], prior_alpha=0.9)
+    assert pol.lookahead_stride(32) == 1  # a planning step: every sequence's draft counts
+    assert not pol.decide(_batch_ctx(0, 32, 0)).arms  # declined: the next step rests
+    assert [pol.lookahead_stride(n) for n in (3, 8, 9, 32, 40)] == [1, 1, 2, 4, 5]
+    pol.decide(_batch_ctx(1, 32, 0))  # the rest (1 step) is spent: the next step plans
+    assert pol.lookahead_stride(32) == 1
+    every = make_policy("composite", drafters=["ngram"], prior_alpha=0.9, rest_lookahead=0)
+    every.decide(_batch_ctx(0, 32, 0))
+    assert every.lookahead_stride(32) == 1

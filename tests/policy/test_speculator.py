@@ -206,3 +206,20 @@ def test_without_lookahead_nothing_is_asked_before_the_decision():
     spec = Speculator(LookingAhead({}), {"lookup": lookup})
     ctx = spec.context(0, seqs(1))
     assert ctx.sequences[0].available is None and lookup.calls == 0
+
+
+class Striding(LookingAhead):
+    def lookahead_stride(self, batch_size):
+        return 2
+
+
+def test_a_lookahead_stride_asks_for_one_sequence_in_so_many_each_in_turn():
+    lookup = Counting()
+    spec = Speculator(Striding({}), {"lookup": lookup}, lookahead=True)
+    active = seqs(1, 2, 3, 4)
+    asked = []
+    for step in (0, 1):
+        ctx = spec.context(step, active)
+        asked.append([v.seq_id for v in ctx.sequences if v.available])
+        spec.commit(spec.propose(ctx, active), [Verified(0, 1)] * 4, [s.tokens + [0] for s in active])
+    assert asked == [[2, 4], [1, 3]]  # seq_id + step even: every sequence once in two steps
