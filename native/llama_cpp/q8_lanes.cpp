@@ -28,6 +28,19 @@ inline const specserve_block_q8_0 * block(const void * rows, size_t row_bytes, i
     return (const specserve_block_q8_0 *)((const char *)rows + r * row_bytes) + b;
 }
 
+// The activation layout (q8_lanes.h): rows in tiles of TILE, each tile's records block-major,
+// [tile][block][row in tile], so a tile's blocks follow each other in memory.
+constexpr int64_t TILE = 8;
+
+inline int64_t tile_width(int64_t tile, int64_t n_a) {
+    return n_a - tile * TILE < TILE ? n_a - tile * TILE : TILE;
+}
+
+inline int64_t record_at(int64_t c, int64_t b, int64_t n_a, int64_t nb) {
+    const int64_t tile = c / TILE;
+    return tile * TILE * nb + b * tile_width(tile, n_a) + c % TILE;
+}
+
 }  // namespace
 
 extern "C" size_t specserve_q8_lanes_size(int64_t n_w, int64_t nb) {
@@ -57,9 +70,9 @@ extern "C" size_t specserve_q8_lanes_act_size(int64_t n_a, int64_t nb) {
 }
 
 extern "C" void specserve_q8_lanes_act(const void * a, size_t a_row_bytes, int64_t n_a, int64_t nb, void * out) {
-    act_record * rec = (act_record *)out;
     for (int64_t b = 0; b < nb; ++b) {
-        for (int64_t c = 0; c < n_a; ++c, ++rec) {
+        for (int64_t c = 0; c < n_a; ++c) {
+            act_record * rec = (act_record *)out + record_at(c, b, n_a, nb);
             const specserve_block_q8_0 * blk = block(a, a_row_bytes, c, b);
 #ifdef SPECSERVE_LANES_SIMD
             const __m256i q = _mm256_loadu_si256((const __m256i *)blk->qs);
@@ -129,7 +142,7 @@ extern "C" void specserve_q8_lanes_act_f32(const float * x, size_t x_row_bytes, 
             }
             for (int64_t j = 0; j < n; ++j) {
                 const float * v = row + (b0 + j) * SPECSERVE_QK8_0;
-                act_record * r = rec + (b0 + j) * n_a + c;
+                act_record * r = rec + record_at(c, b0 + j, n_a, nb);
                 r->d = _cvtsh_ss(_cvtss_sh(d[j], 0));
                 // x * id rounded to nearest even (the default rounding), as _mm256_round_ps + cvt do
                 const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v), _mm512_set1_ps(id[j])));
@@ -142,7 +155,7 @@ extern "C" void specserve_q8_lanes_act_f32(const float * x, size_t x_row_bytes, 
         }
 #else
         for (int64_t b = 0; b < nb; ++b) {
-            act_record * r = rec + b * n_a + c;
+            act_record * r = rec + record_at(c, b, n_a, nb);
             const float * v = row + b * SPECSERVE_QK8_0;
             float amax = 0.0f;
             for (int i = 0; i < SPECSERVE_QK8_0; ++i) amax = fmaxf(amax, fabsf(v[i]));
@@ -199,7 +212,7 @@ namespace {
 constexpr size_t PREFETCH = 8192;
 
 template <int P>
-inline void group_tile(const uint8_t * q, const uint16_t * d, int64_t nb, const act_record * act, int64_t n_a,
+inline void group_tile(const uint8_t * q, const uint16_t * d, int64_t nb, const act_record * act, int64_t stride,
                        float * dst, size_t dst_stride) {
     constexpr bool two_chains = P <= 4;
     __m512 acc[P];
@@ -213,7 +226,7 @@ inline void group_tile(const uint8_t * q, const uint16_t * d, int64_t nb, const 
 #pragma GCC unroll 8
         for (int s = 0; s < SLICES; ++s) w[s] = _mm512_loadu_si512((const __m512i *)(q + b * QREC + s * 64));
         const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(d + b * SPECSERVE_LANES)));
-        const act_record * r = act + b * n_a;
+        const act_record * r = act + b * stride;
         __m512i s0[P], s1[P];
 #pragma GCC unroll 8
         for (int i = 0; i < P; ++i) { s0[i] = _mm512_set1_epi32(r[i].negcorr); if (two_chains) s1[i] = _mm512_setzero_si512(); }
@@ -242,25 +255,28 @@ inline void group_tile(const uint8_t * q, const uint16_t * d, int64_t nb, const 
 extern "C" void specserve_q8_lanes_matmul(const void * packed, int64_t g0, int64_t ng, int64_t nb,
                                           const void * act, int64_t n_a, int64_t c0, int64_t nc,
                                           float * dst, size_t dst_stride) {
-    constexpr int P_MAX = 8;  // activation rows a tile: 8 accumulators beside 8 weight slices
+    constexpr int P_MAX = (int)TILE;  // activation rows a tile: 8 accumulators beside 8 weight slices
     const act_record * ar = (const act_record *)act;
     for (int64_t g = g0; g < g0 + ng; ++g) {
         const uint8_t * q = (const uint8_t *)packed + g * nb * (QREC + DREC);
         const uint16_t * d = (const uint16_t *)(q + nb * QREC);
-        for (int64_t c = c0; c < c0 + nc; c += P_MAX) {  // the group's weights stay in L1/L2 across tiles
-            const int n = c0 + nc - c < P_MAX ? (int)(c0 + nc - c) : P_MAX;
-            const act_record * a = ar + c;
+        for (int64_t c = c0; c < c0 + nc;) {  // the group's weights stay in L1/L2 across tiles
+            const int64_t tile = c / TILE, w = tile_width(tile, n_a), i = c % TILE;
+            int n = (int)(w - i);  // rows left in this tile of the layout, and in the call
+            if (c0 + nc - c < n) n = (int)(c0 + nc - c);
+            const act_record * a = ar + tile * TILE * nb + i;
             float * out = dst + c * dst_stride + g * SPECSERVE_LANES;
             switch (n) {
-                case 8: group_tile<8>(q, d, nb, a, n_a, out, dst_stride); break;
-                case 7: group_tile<7>(q, d, nb, a, n_a, out, dst_stride); break;
-                case 6: group_tile<6>(q, d, nb, a, n_a, out, dst_stride); break;
-                case 5: group_tile<5>(q, d, nb, a, n_a, out, dst_stride); break;
-                case 4: group_tile<4>(q, d, nb, a, n_a, out, dst_stride); break;
-                case 3: group_tile<3>(q, d, nb, a, n_a, out, dst_stride); break;
-                case 2: group_tile<2>(q, d, nb, a, n_a, out, dst_stride); break;
-                default: group_tile<1>(q, d, nb, a, n_a, out, dst_stride); break;
+                case 8: group_tile<8>(q, d, nb, a, w, out, dst_stride); break;
+                case 7: group_tile<7>(q, d, nb, a, w, out, dst_stride); break;
+                case 6: group_tile<6>(q, d, nb, a, w, out, dst_stride); break;
+                case 5: group_tile<5>(q, d, nb, a, w, out, dst_stride); break;
+                case 4: group_tile<4>(q, d, nb, a, w, out, dst_stride); break;
+                case 3: group_tile<3>(q, d, nb, a, w, out, dst_stride); break;
+                case 2: group_tile<2>(q, d, nb, a, w, out, dst_stride); break;
+                default: group_tile<1>(q, d, nb, a, w, out, dst_stride); break;
             }
+            c += n;
         }
     }
 }
@@ -280,7 +296,7 @@ extern "C" void specserve_q8_lanes_matmul(const void * packed, int64_t g0, int64
             for (int l = 0; l < SPECSERVE_LANES; ++l) {
                 float acc = 0.0f;
                 for (int64_t b = 0; b < nb; ++b) {
-                    const act_record & r = ar[b * n_a + c];
+                    const act_record & r = ar[record_at(c, b, n_a, nb)];
                     int32_t s = r.negcorr;
                     for (int i = 0; i < SPECSERVE_QK8_0; ++i) {
                         s += (int32_t)q[b * QREC + (i / 4) * 64 + l * 4 + i % 4] * r.qs[i];

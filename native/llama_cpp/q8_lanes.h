@@ -40,7 +40,10 @@ size_t specserve_q8_lanes_size(int64_t n_w, int64_t nb);
 void specserve_q8_lanes_pack(const void * w, size_t w_row_bytes, int64_t n_w, int64_t nb, void * out);
 
 // The activations as the kernel reads them, laid out once a call: 48 bytes for each block and row
-// ([block][row]): the 32 quants, -128 x their sum (the offset's exact correction), fp32(d).
+// (the 32 quants, -128 x their sum: the offset's exact correction, fp32(d)), rows in tiles of 8,
+// [tile][block][row in tile]: the kernel's tile of rows reads one stream of memory, block after
+// block (laid out [block][row], a tile's next block was n_a x 48 bytes on, past the hardware
+// prefetcher's reach once prefill's hundreds of rows put it pages away).
 size_t specserve_q8_lanes_act_size(int64_t n_a, int64_t nb);
 void specserve_q8_lanes_act(const void * a, size_t a_row_bytes, int64_t n_a, int64_t nb, void * out);
 
