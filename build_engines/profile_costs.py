@@ -177,19 +177,30 @@ class BudgetedTable:
             self.recheck(row, measure)
 
     def recheck(self, row: int, measure: Callable[[int, int, int], float]) -> None:
-        """More tokens never cost less: a point slower than a larger one measured the neighbours
-        (a profile built beside a busy process once priced one token at 260 ms and two at 1.3 s,
-        against 6 and 14, and the composite then drafted wherever it could). Such a point is
-        measured again, once; if it still is, it takes the larger point's time."""
+        """More tokens never cost less. Where a point costs more than a larger one, one of the two
+        measured something else: the neighbours (a profile built beside a busy process once priced
+        one token at 260 ms and two at 1.3 s, against 6 and 14, and the composite then drafted
+        wherever it could), or a host whose speed moved between the two (this 2-core VM's drifts
+        30% in minutes: one profile priced 8 sequences of 8 tokens at 67 ms, as fast as 6 tokens,
+        against ~100, and the composite lost 45% at 8 streams of multi-turn). Both are measured
+        again, the larger first, back to back; the fresh pair is kept, the smaller bounded by the
+        larger."""
         known = self.known[row]
         for x in sorted(known, key=self.size, reverse=True):  # the largest first: bounds pass down
-            above = [t for y, t in known.items() if self.dominates(y, x)]
-            if above and known[x] > min(above):
-                bound = min(above)
-                again = measure(row, x, self.repeats_for(bound))
-                log(f"{self.label}: context {row:5d}, {self.name(x)}: {1000 * known[x]:.1f} ms exceeded a larger "
-                    f"point's {1000 * bound:.1f} ms; again {1000 * again:.1f} ms")
-                known[x] = min(again, bound)
+            above = [y for y in known if self.dominates(y, x)]
+            if not above:
+                continue
+            y = min(above, key=known.get)
+            if known[x] > known[y]:
+                again_y = measure(row, y, self.repeats_for(known[x]))
+                again = measure(row, x, self.repeats_for(known[x]))
+                log(f"{self.label}: context {row:5d}, {self.name(x)}: {1000 * known[x]:.1f} ms exceeded "
+                    f"{self.name(y)}'s {1000 * known[y]:.1f} ms; again {1000 * again:.1f} and {1000 * again_y:.1f} ms")
+                known[y], known[x] = again_y, min(again, again_y)
+        for x in sorted(known, key=self.size, reverse=True):  # a fresh pair may bound a point passed
+            above = [known[y] for y in known if self.dominates(y, x)]
+            if above:
+                known[x] = min(known[x], min(above))
 
     def repeats_for(self, guess: float) -> int:
         """Fewer repeats for slow points: about point_s' worth, at least one."""
