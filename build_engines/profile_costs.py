@@ -196,8 +196,8 @@ class BudgetedTable:
                 again = measure(row, x, self.repeats_for(known[x]))
                 log(f"{self.label}: context {row:5d}, {self.name(x)}: {1000 * known[x]:.1f} ms exceeded "
                     f"{self.name(y)}'s {1000 * known[y]:.1f} ms; again {1000 * again:.1f} and {1000 * again_y:.1f} ms")
-                known[y], known[x] = again_y, again
-        for x in sorted(known, key=self.size, reverse=True):  # every point bounded by the larger ones, fresh pairs too
+                known[y], known[x] = again_y, min(again, again_y)
+        for x in sorted(known, key=self.size, reverse=True):  # a fresh pair may bound a point passed
             above = [known[y] for y in known if self.dominates(y, x)]
             if above:
                 known[x] = min(known[x], min(above))
