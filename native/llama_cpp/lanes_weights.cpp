@@ -40,6 +40,35 @@ std::unordered_map<ggml_backend_buffer_t, void (*)(ggml_backend_buffer_t)> wrapp
 std::atomic<int> lanes_on{-1};  // -1: not read yet (SPECSERVE_Q8_LANES=0 starts it off)
 std::atomic<long long> packed_bytes{0};
 
+// Every thread asks for every matrix of every product (~210 a step each): under the registry's
+// mutex the two threads met there several times a step and slept on it (a futex wait and wake,
+// ~130 context switches a step). So each thread remembers what it was answered, valid while the
+// registry's generation (bumped under the mutex whenever a copy is made or freed) is unchanged.
+std::atomic<unsigned long long> generation{1};
+
+struct remembered {
+    unsigned long long generation;
+    const void * data;
+    ggml_backend_buffer_t buffer;
+    int64_t ne0, ne1;
+    const void * packed;
+};
+constexpr size_t REMEMBERED = 1024, PROBES = 16;  // by address, probed linearly: a model's few hundred matrices
+thread_local remembered answers[REMEMBERED];
+
+// The entry remembered for w's data, else the one to remember it in (stale or free, else the first).
+remembered & answer_for(const ggml_tensor * w, unsigned long long now) {
+    const uintptr_t a = (uintptr_t)w->data;
+    const size_t home = (size_t)((a >> 6) * 0x9E3779B97F4A7C15ull >> 54);  // 10 bits of a multiplicative hash
+    remembered * vacant = nullptr;
+    for (size_t i = 0; i < PROBES; ++i) {
+        remembered & r = answers[(home + i) % REMEMBERED];
+        if (r.data == w->data) return r;
+        if (!vacant && r.generation != now) vacant = &r;
+    }
+    return vacant ? *vacant : answers[home % REMEMBERED];
+}
+
 void free_copies(ggml_backend_buffer_t buffer) {
     void (*original)(ggml_backend_buffer_t) = nullptr;
     {
@@ -51,6 +80,7 @@ void free_copies(ggml_backend_buffer_t buffer) {
         }
         for (auto c = copies.begin(); c != copies.end();) {
             if (c->second.buffer == buffer) {
+                generation.fetch_add(1, std::memory_order_release);
                 packed_bytes -= (long long)specserve_q8_lanes_size(c->second.ne1, c->second.ne0 / SPECSERVE_QK8_0);
                 free(c->second.packed);
                 c = copies.erase(c);
@@ -108,9 +138,16 @@ extern "C" const void * specserve_q8_lanes_weights(const struct ggml_tensor * w)
     if (!specserve_q8_lanes_enabled() || !eligible(w)) {
         return nullptr;
     }
+    const unsigned long long now = generation.load(std::memory_order_acquire);
+    remembered & seen = answer_for(w, now);
+    if (seen.generation == now && seen.data == w->data && seen.buffer == w->buffer &&
+        seen.ne0 == w->ne[0] && seen.ne1 == w->ne[1]) {
+        return seen.packed;
+    }
     std::lock_guard<std::mutex> lock(registry_mutex);
     auto it = copies.find(w->data);
     if (it != copies.end() && it->second.buffer == w->buffer && it->second.ne0 == w->ne[0] && it->second.ne1 == w->ne[1]) {
+        seen = remembered{generation.load(std::memory_order_relaxed), w->data, w->buffer, w->ne[0], w->ne[1], it->second.packed};
         return it->second.packed;
     }
     const int64_t nb = w->ne[0] / SPECSERVE_QK8_0;
@@ -124,6 +161,7 @@ extern "C" const void * specserve_q8_lanes_weights(const struct ggml_tensor * w)
         free(it->second.packed);
         packed_bytes -= (long long)specserve_q8_lanes_size(it->second.ne1, it->second.ne0 / SPECSERVE_QK8_0);
     }
+    generation.fetch_add(1, std::memory_order_release);
     copies[w->data] = lanes_copy{packed, w->buffer, w->ne[0], w->ne[1]};
     packed_bytes += (long long)size;
     if (wrapped.find(w->buffer) == wrapped.end()) {
