@@ -7,15 +7,6 @@
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__F16C__)
 #include <immintrin.h>
 #define SPECSERVE_LANES_SIMD 1
-#if defined(__linux__) && defined(__x86_64__) && defined(__GNUC__)
-#include <cpuid.h>
-#include <stdlib.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#include <atomic>
-#define SPECSERVE_LANES_AMX 1  // compiled on any x86-64 Linux build (a function attribute), used where the CPU has it
-#endif
 #endif
 
 namespace {
@@ -216,9 +207,12 @@ namespace {
 // How far ahead of the kernel the weights are fetched: a group of rows is one stream of bytes,
 // groups follow each other, and the hardware's prefetchers alone leave the kernel waiting on
 // memory with compute idle (one thread, served model's matrices, cold: 8 rows 22.2 ms without,
-// 16.3 ms at 8 KiB ahead; 2, 4 and 16 KiB were slower). Past a buffer's end it fetches nothing
-// harmful: a prefetch never faults.
-constexpr size_t PREFETCH = 8192;
+// 16.3 ms at 8 KiB ahead into L1). Into L2 far ahead (an L2 prefetch holds none of L1's few fill
+// buffers, so many more lines are in flight) and into L1 just ahead: engine steps, 2 threads,
+// a Sapphire Rapids Xeon, against 8 KiB into L1 alone (builds alternating, 6 rounds): 1 row
+// 4.70 -> 4.53 ms, 8 rows 8.76 -> 7.99, 8 sequences x 1 row 11.58 -> 10.73.
+// Past a buffer's end it fetches nothing harmful: a prefetch never faults.
+constexpr size_t PREFETCH_L2 = 32768, PREFETCH_L1 = 2048;
 
 template <int P>
 inline void group_tile(const uint8_t * q, const uint16_t * d, int64_t nb, const act_record * act, int64_t stride,
@@ -230,8 +224,10 @@ inline void group_tile(const uint8_t * q, const uint16_t * d, int64_t nb, const 
     for (int64_t b = 0; b < nb; ++b) {
         __m512i w[SLICES];
 #pragma GCC unroll 8
-        for (int s = 0; s < SLICES; ++s) _mm_prefetch((const char *)q + b * QREC + s * 64 + PREFETCH, _MM_HINT_T0);
-        if ((b & 1) == 0) _mm_prefetch((const char *)(d + b * SPECSERVE_LANES) + PREFETCH, _MM_HINT_T0);
+        for (int s = 0; s < SLICES; ++s) _mm_prefetch((const char *)q + b * QREC + s * 64 + PREFETCH_L2, _MM_HINT_T1);
+#pragma GCC unroll 8
+        for (int s = 0; s < SLICES; ++s) _mm_prefetch((const char *)q + b * QREC + s * 64 + PREFETCH_L1, _MM_HINT_T0);
+        if ((b & 1) == 0) _mm_prefetch((const char *)(d + b * SPECSERVE_LANES) + PREFETCH_L2, _MM_HINT_T1);
 #pragma GCC unroll 8
         for (int s = 0; s < SLICES; ++s) w[s] = _mm512_loadu_si512((const __m512i *)(q + b * QREC + s * 64));
         const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(d + b * SPECSERVE_LANES)));
@@ -259,164 +255,13 @@ inline void group_tile(const uint8_t * q, const uint16_t * d, int64_t nb, const 
     for (int i = 0; i < P; ++i) _mm512_storeu_ps(dst + i * dst_stride, acc[i]);
 }
 
-
-#ifdef SPECSERVE_LANES_AMX
-
-// The same tile on Intel AMX (Sapphire Rapids and later): a group's block record is already an AMX
-// B tile -- 8 rows of 64 bytes, each row the 16 weight rows' 4-byte slices, unsigned -- and a tile
-// of activation rows' quants, 48 bytes apart in the layout, an A tile of P rows x 32 bytes. One
-// tdpbsud (signed activations x unsigned weights) gives the P x 16 exact int32 sums that 8 P
-// vpdpbusd give above; being exact they are the same numbers, and the float part after them (the
-// correction, convert, scale product, fma, block after block) is the same code. So the two paths
-// give the same bits, and AMX changes only the speed.
-// Blocks go in pairs, each pair's sums stored from tiles 0-1 or 2-3 in turn, so that the TMUL
-// works on the next pair while the vector units finish this one.
-struct alignas(64) tile_config {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
-thread_local int amx_rows = 0;  // the rows of the tiles this thread configured in this call (0: none)
-
-__attribute__((target("amx-tile"))) void amx_configure(int p) {
-    tile_config c = {};
-    c.palette = 1;
-    for (int t = 0; t < 4; ++t) { c.rows[t] = (uint8_t)p; c.colsb[t] = 64; }  // sums: P rows x 16 int32
-    for (int t = 4; t < 6; ++t) { c.rows[t] = (uint8_t)p; c.colsb[t] = 32; }  // activations: P rows x 32 quants
-    for (int t = 6; t < 8; ++t) { c.rows[t] = 8; c.colsb[t] = 64; }           // weights: a block record
-    __asm__ volatile("" : : "r"(&c) : "memory");  // GCC's ldtilecfg asm reads only its first bytes otherwise
-    _tile_loadconfig(&c);
-    amx_rows = p;
-}
-
-// Tiles are configured per call and released at its end: a thread may run other AMX code (oneDNN
-// in torch) between our calls, and a released tile state costs the kernel nothing to switch.
-__attribute__((target("amx-tile"))) void amx_release() {
-    if (amx_rows != 0) _tile_release();
-    amx_rows = 0;
-}
-
-// The pair of blocks (b, b + 1) into tiles 0-1 or 2-3 and out to `sums` (P x 16 int32 a block).
-#define SPECSERVE_AMX_PAIR(T0, T1)                                                               \
-    do {                                                                                          \
-        _tile_zero(T0);                                                                           \
-        _tile_loadd(4, act + b * stride, sizeof(act_record));                                     \
-        _tile_loadd(6, q + b * QREC, 64);                                                         \
-        _tile_dpbsud(T0, 4, 6);                                                                   \
-        _tile_stored(T0, sums, 64);                                                               \
-        if (b + 1 < nb) {                                                                         \
-            _tile_zero(T1);                                                                       \
-            _tile_loadd(5, act + (b + 1) * stride, sizeof(act_record));                           \
-            _tile_loadd(7, q + (b + 1) * QREC, 64);                                               \
-            _tile_dpbsud(T1, 5, 7);                                                               \
-            _tile_stored(T1, sums + 16 * P, 64);                                                  \
-        }                                                                                         \
-    } while (0)
-
-template <int P>
-__attribute__((target("amx-tile,amx-int8"))) void amx_sums(const uint8_t * q, int64_t nb, const act_record * act,
-                                                            int64_t stride, int64_t b, int set, int32_t * sums) {
-    for (int s = 0; s < 2 * SLICES && b * QREC + s * 64 < (size_t)nb * QREC + PREFETCH; ++s) {
-        _mm_prefetch((const char *)q + b * QREC + s * 64 + PREFETCH, _MM_HINT_T0);
-    }
-    if (set == 0) SPECSERVE_AMX_PAIR(0, 1);
-    else SPECSERVE_AMX_PAIR(2, 3);
-}
-
-template <int P>
-__attribute__((target("amx-tile,amx-int8"))) void group_tile_amx(const uint8_t * q, const uint16_t * d, int64_t nb,
-                                                                  const act_record * act, int64_t stride, float * dst,
-                                                                  size_t dst_stride) {
-    alignas(64) int32_t sums[2][2 * 16 * P];
-    __m512 acc[P];
-#pragma GCC unroll 8
-    for (int i = 0; i < P; ++i) acc[i] = _mm512_setzero_ps();
-    amx_sums<P>(q, nb, act, stride, 0, 0, sums[0]);
-    for (int64_t b = 0, k = 0; b < nb; b += 2, ++k) {
-        if (b + 2 < nb) amx_sums<P>(q, nb, act, stride, b + 2, (int)((k + 1) & 1), sums[(k + 1) & 1]);
-        const int32_t * pair = sums[k & 1];
-        for (int64_t j = b; j < b + 2 && j < nb; ++j) {
-            const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(d + j * SPECSERVE_LANES)));
-            const act_record * r = act + j * stride;
-            const int32_t * blk = pair + (j - b) * 16 * P;
-#pragma GCC unroll 8
-            for (int i = 0; i < P; ++i) {
-                const __m512i s = _mm512_add_epi32(_mm512_load_si512((const __m512i *)(blk + 16 * i)), _mm512_set1_epi32(r[i].negcorr));
-                const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(r[i].d));
-                acc[i] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s), acc[i]);
-            }
-        }
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < P; ++i) _mm512_storeu_ps(dst + i * dst_stride, acc[i]);
-}
-
-#undef SPECSERVE_AMX_PAIR
-
-// One tile of n (1..8) activation rows against a group, the tiles configured for n rows.
-
-void amx_tile(int n, const uint8_t * q, const uint16_t * d, int64_t nb, const act_record * a, int64_t stride,
-              float * out, size_t dst_stride) {
-    if (amx_rows != n) amx_configure(n);
-    switch (n) {
-        case 8: group_tile_amx<8>(q, d, nb, a, stride, out, dst_stride); break;
-        case 7: group_tile_amx<7>(q, d, nb, a, stride, out, dst_stride); break;
-        case 6: group_tile_amx<6>(q, d, nb, a, stride, out, dst_stride); break;
-        case 5: group_tile_amx<5>(q, d, nb, a, stride, out, dst_stride); break;
-        case 4: group_tile_amx<4>(q, d, nb, a, stride, out, dst_stride); break;
-        case 3: group_tile_amx<3>(q, d, nb, a, stride, out, dst_stride); break;
-        case 2: group_tile_amx<2>(q, d, nb, a, stride, out, dst_stride); break;
-        default: group_tile_amx<1>(q, d, nb, a, stride, out, dst_stride); break;
-    }
-}
-
-// Whether this CPU has AMX-INT8 and Linux grants this process the tiles' state (5.16+: a process
-// asks once, for all its threads).
-bool amx_usable() {
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25))) {
-        return false;  // AMX-TILE, AMX-INT8
-    }
-    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-}
-
-std::atomic<int> amx_state{-1};  // -1: not decided yet; 0: off; 1: on
-
-#ifndef AMX_MIN_ROWS
-#define AMX_MIN_ROWS 4
-#endif
-
-#endif  // SPECSERVE_LANES_AMX
-
 }  // namespace
-
-#ifdef SPECSERVE_LANES_AMX
-extern "C" int specserve_q8_lanes_amx(int want) {
-    int state = amx_state.load(std::memory_order_relaxed);
-    if (want < 0 && state >= 0) return state;
-    if (want < 0) {  // the first call: on where usable, unless SPECSERVE_Q8_AMX=0
-        const char * env = getenv("SPECSERVE_Q8_AMX");
-        want = !(env && env[0] == '0' && env[1] == 0);
-    }
-    state = want && amx_usable() ? 1 : 0;
-    amx_state.store(state, std::memory_order_relaxed);
-    return state;
-}
-#else
-extern "C" int specserve_q8_lanes_amx(int) { return 0; }
-#endif
 
 extern "C" void specserve_q8_lanes_matmul(const void * packed, int64_t g0, int64_t ng, int64_t nb,
                                           const void * act, int64_t n_a, int64_t c0, int64_t nc,
                                           float * dst, size_t dst_stride) {
     constexpr int P_MAX = (int)TILE;  // activation rows a tile: 8 accumulators beside 8 weight slices
-    static_assert(P_MAX == 8, "the tile kernels below take 1..8 rows");
     const act_record * ar = (const act_record *)act;
-#ifdef SPECSERVE_LANES_AMX
-    const bool amx = specserve_q8_lanes_amx(-1) == 1;
-#endif
     for (int64_t g = g0; g < g0 + ng; ++g) {
         const uint8_t * q = (const uint8_t *)packed + g * nb * (QREC + DREC);
         const uint16_t * d = (const uint16_t *)(q + nb * QREC);
@@ -426,13 +271,6 @@ extern "C" void specserve_q8_lanes_matmul(const void * packed, int64_t g0, int64
             if (c0 + nc - c < n) n = (int)(c0 + nc - c);
             const act_record * a = ar + tile * TILE * nb + i;
             float * out = dst + c * dst_stride + g * SPECSERVE_LANES;
-#ifdef SPECSERVE_LANES_AMX
-            if (amx && n >= AMX_MIN_ROWS) {
-                amx_tile(n, q, d, nb, a, w, out, dst_stride);
-                c += n;
-                continue;
-            }
-#endif
             switch (n) {
                 case 8: group_tile<8>(q, d, nb, a, w, out, dst_stride); break;
                 case 7: group_tile<7>(q, d, nb, a, w, out, dst_stride); break;
@@ -446,9 +284,6 @@ extern "C" void specserve_q8_lanes_matmul(const void * packed, int64_t g0, int64
             c += n;
         }
     }
-#ifdef SPECSERVE_LANES_AMX
-    if (amx) amx_release();
-#endif
 }
 
 extern "C" int specserve_q8_lanes_compiled(void) { return 1; }
@@ -480,7 +315,5 @@ extern "C" void specserve_q8_lanes_matmul(const void * packed, int64_t g0, int64
 }
 
 extern "C" int specserve_q8_lanes_compiled(void) { return 0; }
-
-extern "C" int specserve_q8_lanes_amx(int) { return 0; }
 
 #endif

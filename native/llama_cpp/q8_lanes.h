@@ -66,11 +66,6 @@ void specserve_q8_lanes_ref(const void * w, size_t w_row_bytes, int64_t n_w,
                             const void * a, size_t a_row_bytes, int64_t n_a,
                             int64_t nb, float * dst, size_t dst_stride);
 
-// Intel AMX for the same sums (same bits): want 1 turns it on where the CPU has AMX-INT8 and the
-// kernel grants this process the tiles, 0 off, -1 asks (the first ask decides: on where usable,
-// unless SPECSERVE_Q8_AMX=0). Returns whether the matmul now uses it.
-int specserve_q8_lanes_amx(int want);
-
 // 1 where the SIMD path is compiled (AVX-512 with VNNI); elsewhere the hooks do not use this
 // arithmetic (the plain C one would be exact but slow).
 int specserve_q8_lanes_compiled(void);
