@@ -61,6 +61,8 @@ def _lib() -> Optional[ctypes.CDLL]:
         lib.specserve_q8_lanes_bytes.restype = ctypes.c_longlong
     if hasattr(lib, "specserve_q8_lanes_act_reuses"):
         lib.specserve_q8_lanes_act_reuses.restype = ctypes.c_longlong
+    if hasattr(lib, "specserve_q8_lanes_locked_lookups"):
+        lib.specserve_q8_lanes_locked_lookups.restype = ctypes.c_longlong
     return lib
 
 
@@ -110,15 +112,19 @@ def lanes_bytes() -> int:
 
 def calls() -> dict:
     """Ops this process has run through our kernels so far: {"matmul": n, "lanes": n, "attention": n,
-    "lanes_reused": n} ("matmul": llama.cpp's order, "lanes": the rows-in-lanes order, "lanes_reused":
-    lanes products that reused the activations' layout of the previous product of the same tensor)."""
+    "lanes_reused": n, "lanes_locked": n} ("matmul": llama.cpp's order, "lanes": the rows-in-lanes order,
+    "lanes_reused": lanes products that reused the activations' layout of the previous product of the
+    same tensor, "lanes_locked": weight-copy lookups that took the registry's lock, by any thread)."""
     lib = _lib()
     if lib is None:
-        return {"matmul": 0, "lanes": 0, "attention": 0, "lanes_reused": 0}
-    lanes = int(lib.specserve_q8_lanes_calls()) if hasattr(lib, "specserve_q8_lanes_calls") else 0
-    reused = int(lib.specserve_q8_lanes_act_reuses()) if hasattr(lib, "specserve_q8_lanes_act_reuses") else 0
-    return {"matmul": int(lib.specserve_q8_0_calls()), "lanes": lanes, "attention": int(lib.specserve_attn_q8_0_calls()),
-            "lanes_reused": reused}
+        return {"matmul": 0, "lanes": 0, "attention": 0, "lanes_reused": 0, "lanes_locked": 0}
+
+    def count(name: str) -> int:
+        return int(getattr(lib, name)()) if hasattr(lib, name) else 0
+
+    return {"matmul": int(lib.specserve_q8_0_calls()), "lanes": count("specserve_q8_lanes_calls"),
+            "attention": int(lib.specserve_attn_q8_0_calls()), "lanes_reused": count("specserve_q8_lanes_act_reuses"),
+            "lanes_locked": count("specserve_q8_lanes_locked_lookups")}
 
 
 def build_id() -> str:

@@ -45,6 +45,7 @@ std::atomic<long long> packed_bytes{0};
 // ~130 context switches a step). So each thread remembers what it was answered, valid while the
 // registry's generation (bumped under the mutex whenever a copy is made or freed) is unchanged.
 std::atomic<unsigned long long> generation{1};
+std::atomic<long long> locked_lookups{0};  // lookups that took the mutex (tests: none once warm)
 
 struct remembered {
     unsigned long long generation;
@@ -130,6 +131,10 @@ extern "C" void specserve_q8_lanes_set_enabled(int on) {
     lanes_on.store(on && specserve_q8_lanes_compiled() ? 1 : 0, std::memory_order_relaxed);
 }
 
+extern "C" long long specserve_q8_lanes_locked_lookups(void) {
+    return locked_lookups.load(std::memory_order_relaxed);
+}
+
 extern "C" long long specserve_q8_lanes_bytes(void) {
     return packed_bytes.load(std::memory_order_relaxed);
 }
@@ -145,6 +150,7 @@ extern "C" const void * specserve_q8_lanes_weights(const struct ggml_tensor * w)
         return seen.packed;
     }
     std::lock_guard<std::mutex> lock(registry_mutex);
+    locked_lookups.fetch_add(1, std::memory_order_relaxed);
     auto it = copies.find(w->data);
     if (it != copies.end() && it->second.buffer == w->buffer && it->second.ne0 == w->ne[0] && it->second.ne1 == w->ne[1]) {
         seen = remembered{generation.load(std::memory_order_relaxed), w->data, w->buffer, w->ne[0], w->ne[1], it->second.packed};

@@ -43,6 +43,7 @@ SPECSERVE_EXPORT void specserve_q8_lanes_set_enabled(int on); //    at every row
 SPECSERVE_EXPORT long long specserve_q8_lanes_calls(void);    // matmuls run by the lanes kernel so far
 SPECSERVE_EXPORT long long specserve_q8_lanes_act_reuses(void); // of which reused the activations' layout
 SPECSERVE_EXPORT long long specserve_q8_lanes_bytes(void);    // bytes of rows-in-lanes weight copies held
+SPECSERVE_EXPORT long long specserve_q8_lanes_locked_lookups(void); // copies looked up under the registry's lock
 
 #ifdef __cplusplus
 }
