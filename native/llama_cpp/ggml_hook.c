@@ -94,21 +94,24 @@ static int64_t weight_chunk(int64_t n_w, int nth, int64_t unit) {
     return (rows + unit - 1) / unit * unit;
 }
 
-// A buffer of at least `size` bytes, 64-byte aligned, kept by the calling thread between calls
-// (read once into a local: a library's TLS costs a call each time).
+// *buf grown to at least `size` bytes, 64-byte aligned (its contents are not kept).
+static void * grown(void ** buf, size_t * cap, size_t size) {
+    if (*cap < size) {
+        free(*buf);
+        *buf = aligned_alloc(64, (size + 63) & ~(size_t)63);
+        if (!*buf) {
+            GGML_ABORT("specserve: out of memory for %zu bytes of activations", size);
+        }
+        *cap = size;
+    }
+    return *buf;
+}
+
+// A buffer of at least `size` bytes, 64-byte aligned, kept by the calling thread between calls.
 static void * thread_buffer(size_t size) {
     static _Thread_local void * buf = NULL;
     static _Thread_local size_t cap = 0;
-    void * b = buf;
-    if (cap < size) {
-        free(b);
-        b = buf = aligned_alloc(64, (size + 63) & ~(size_t)63);
-        if (!b) {
-            GGML_ABORT("specserve: out of memory for %zu bytes of activations", size);
-        }
-        cap = size;
-    }
-    return b;
+    return grown(&buf, &cap, size);
 }
 
 // The lanes arithmetic for any number of activation rows (packed: the weights' lanes copy).
@@ -172,15 +175,7 @@ static void * act_for(const struct ggml_compute_params * params, const struct gg
         }
         return c->buf;
     }
-    const size_t size = specserve_q8_lanes_act_size(n_a, nb);
-    if (c->cap < size) {
-        free(c->buf);
-        c->buf = aligned_alloc(64, (size + 63) & ~(size_t)63);
-        if (!c->buf) {
-            GGML_ABORT("specserve: out of memory for %zu bytes of activations", size);
-        }
-        c->cap = size;
-    }
+    grown(&c->buf, &c->cap, specserve_q8_lanes_act_size(n_a, nb));
     specserve_q8_lanes_act_f32(x, src1->nb[1], n_a, nb, c->buf);
     *c = (struct act_cache){graph, src1, x, n_a, nb, src1->nb[1], c->buf, c->cap};
     return c->buf;
@@ -196,7 +191,7 @@ static void * act_for(const struct ggml_compute_params * params, const struct gg
 // - More (prefill, large verification batches): each thread takes a fixed share of the rows,
 //   lays out only those and multiplies them by every weight group. The weights are then read
 //   once a thread, which the many rows repay; ggml's way quantized all rows for every product
-//   (Q, K and V each) and our layout of them was made by both threads (415-token prefill: 13% of
+//   (Q, K and V each) and our layout of them was made by both threads (416-token prefill: 13% of
 //   its time).
 bool specserve_q8_lanes_mul_mat_f32(const struct ggml_compute_params * params, const struct ggml_tensor * dst) {
     const struct ggml_tensor * src0 = dst->src[0];
