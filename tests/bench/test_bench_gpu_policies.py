@@ -98,7 +98,7 @@ def test_measure_each_arm_against_a_server_started_with_its_settings_then_report
         with running_server({**arm_env(arm), "SPECSERVE_MAX_BATCH": "4"}, tmp_path) as server:
             for attempt in range(2):  # once more where the server stalled the whole window (a loaded 2-core host)
                 assert bench_gpu_policies.main(["measure", "--arm", arm, "--streams", "1", "--seconds", "4",
-                                                "--max-tokens", "16", "--prompts", "40", "--device", "test CPU",
+                                                "--max-tokens", "16", "--prompts", "300", "--device", "test CPU",
                                                 "--grpc-port", str(server.ports.grpc),
                                                 "--metrics-port", str(server.ports.metrics), "--out", str(out)]) == 0
                 shown = capsys.readouterr().out
