@@ -49,7 +49,7 @@ def test_every_matmul_of_a_step_takes_the_lanes_path(engine, t):
 def test_a_warm_step_finds_every_copy_without_the_registry_lock(engine):
     """Each thread remembers the copies it was given (lanes_weights.cpp): under the registry's mutex
     the two threads met several times a step and slept on it (decoding 9.7 -> 5.8 ms without)."""
-    for t in (1, 8):  # both threads have asked for every matrix once (at one row only one thread may work)
+    for t in (1, 8):  # every thread asks for every matrix once since the registry last changed (another engine)
         step(engine, [0], [prompt(2, t)], [0])
     before = q8_kernel.calls()
     for t in (1, 3, 8):
