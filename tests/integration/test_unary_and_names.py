@@ -45,7 +45,8 @@ def batch1(value, dtype) -> np.ndarray:
 def request(prompt, max_tokens=16, **fields) -> dict:
     """Our interface: text_input, max_tokens and any of the optional inputs, shaped [1, 1]."""
     kinds = {"stream": bool, "temperature": np.float32, "top_k": np.int32, "top_p": np.float32,
-             "random_seed": np.uint64, "exclude_input_in_output": bool, "end_id": np.int32}
+             "random_seed": np.uint64, "exclude_input_in_output": bool, "end_id": np.int32,
+             "return_perf_metrics": bool}
     values = {"text_input": batch1(prompt, object), "max_tokens": batch1(max_tokens, np.int32)}
     for name, v in fields.items():
         values[name] = v if isinstance(v, np.ndarray) else batch1(v, kinds[name])
@@ -191,25 +192,35 @@ def test_unary_errors_keep_their_message_and_status(http_client, grpc_client):
 
 
 def test_concurrent_unary_requests_share_steps(server):
-    """Unary requests are not served one at a time: they join the engine's batch together."""
+    """Unary requests are not served one at a time: they join the engine's batch together.
+
+    Judged by the requests' own times (return_perf_metrics), not by the mean batch size: the
+    four arrive a few ms apart, and with the engine at ~5 ms a step a request can be half
+    done before the last arrives (CI saw a mean of 1.44). Served one at a time, each would be
+    scheduled only after the one before had finished; joined, the last is scheduled before
+    the first has finished, so there is a step in which all four run."""
     server.wait_metric('specserve_sequences{state="running"}', lambda v: v == 0)
     before = server.metrics()
     client = grpcclient.InferenceServerClient(server.grpc)
     done = queue.Queue()
     try:
         for i in range(4):
-            client.async_infer("llm_unary", tensors(grpcclient, request(f"Count from {i} to {i + 40}:", 16)),
+            values = request(f"Count from {i} to {i + 40}:", 32, return_perf_metrics=True)
+            client.async_infer("llm_unary", tensors(grpcclient, values),
                                callback=lambda result, error: done.put((result, error)))
         results = [done.get(timeout=180) for _ in range(4)]
     finally:
         client.close()
     assert all(err is None for _, err in results), results
     assert all(r.as_numpy("num_output_tokens").reshape(-1)[0] > 0 for r, _ in results)
+    scheduled = [int(r.as_numpy("first_scheduled_time_ns").reshape(-1)[0]) for r, _ in results]
+    finished = [int(r.as_numpy("last_token_time_ns").reshape(-1)[0]) for r, _ in results]
+    assert max(scheduled) < min(finished), (scheduled, finished)
     time.sleep(0.5)  # metrics are published a few times a second
     after = server.metrics()
     steps = after["specserve_steps_total"] - before["specserve_steps_total"]
     seq_steps = after["specserve_step_sequences_total"] - before["specserve_step_sequences_total"]
-    assert seq_steps / steps > 2.0, (seq_steps, steps)  # one at a time would be 1.0
+    assert seq_steps / steps > 1.0, (seq_steps, steps)  # the metric agrees: some step ran more than one
 
 
 # -- the names NVIDIA's clients use ------------------------------------------------------------------
