@@ -203,13 +203,18 @@ def test_grpc_cancel_frees_slot_and_cache(server):
 
 
 def test_four_concurrent_streams_share_steps(server):
+    """Four streams join the engine's batch together. Judged by the requests' own times
+    (return_perf_metrics): served one after another, each would be scheduled only after the one
+    before had finished; joined, the last is scheduled before the first has finished. (A mean
+    batch size would depend on how far apart the four arrive against a ~5 ms step.)"""
     server.wait_metric('specserve_sequences{state="running"}', lambda v: v == 0)
     before = server.metrics()
     results = [None] * 4
 
     def run(i):
         _, events = server.generate({"text_input": f"Count from {i} to {i + 40}:", "max_tokens": 48,
-                                     "stream": True, "exclude_input_in_output": True}, stream=True)
+                                     "stream": True, "exclude_input_in_output": True,
+                                     "return_perf_metrics": True}, stream=True)
         results[i] = events
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
@@ -218,12 +223,14 @@ def test_four_concurrent_streams_share_steps(server):
     for t in threads:
         t.join(180)
     assert all(r and r[-1]["finish_reason"] in ("stop", "length") for r in results), results
+    scheduled = [int(r[-1]["first_scheduled_time_ns"]) for r in results]
+    finished = [int(r[-1]["last_token_time_ns"]) for r in results]
+    assert max(scheduled) < min(finished), (scheduled, finished)
     time.sleep(0.5)  # metrics are published a few times a second
     after = server.metrics()
     steps = after["specserve_steps_total"] - before["specserve_steps_total"]
     seq_steps = after["specserve_step_sequences_total"] - before["specserve_step_sequences_total"]
-    # Served one after another, every step would hold one sequence (mean 1.0).
-    assert seq_steps / steps > 2.0, (seq_steps, steps)
+    assert seq_steps / steps > 1.0, (seq_steps, steps)  # the metric agrees: some step ran more than one
 
 
 def test_http_stream_disconnect_frees_slot(server):
