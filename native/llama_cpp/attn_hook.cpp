@@ -345,7 +345,13 @@ bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct
             const int64_t nk = std::min(KEY_BLOCK, n_keys - kb);
             // scores[i][j] = dot(key kb + j, query i): ggml's vec_dot_q8_0_q8_0, bit for bit
             specserve_q8_0_matmul(k_base + kb * nbk1, nbk1, nk, sc.q8.data(), q_row, nq, nb_dk, scores, KEY_BLOCK);
+            // the cache is cold (read once a step, after the weights went through): the next
+            // block's keys and V rows are fetched while this block's V rows are dequantized
             for (int64_t j = 0; j < nk; ++j) {
+                if (kb + KEY_BLOCK + j < n_keys) {
+                    specserve_prefetch_row(k_base + (kb + KEY_BLOCK + j) * nbk1, nb_dk * sizeof(specserve_block_q8_0));
+                    specserve_prefetch_row(v_base + (kb + KEY_BLOCK + j) * nbv1, DV / SPECSERVE_QK8_0 * sizeof(specserve_block_q8_0));
+                }
                 dequantize_q8_0(v_base + (kb + j) * nbv1, vrows + j * DV, DV);
             }
             // 1. each query's online softmax over the block, in key order, as the stock loop: the
