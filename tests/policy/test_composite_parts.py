@@ -241,7 +241,7 @@ def test_composite_looks_ahead_for_about_rest_lookahead_sequences_while_resting(
     pol = make_policy("composite", drafters=["ngram"], prior_alpha=0.9)
     assert pol.lookahead_stride(32) == 1  # a planning step: every sequence's draft counts
     assert not pol.decide(_batch_ctx(0, 32, 0)).arms  # declined: the next step rests
-    assert [pol.lookahead_stride(n) for n in (3, 8, 9, 32, 40)] == [1, 1, 2, 4, 5]
+    assert [pol.lookahead_stride(n) for n in (3, 8, 9, 32, 40)] == [1, 4, 5, 16, 20]  # ~2 a step
     pol.decide(_batch_ctx(1, 32, 0))  # the rest (1 step) is spent: the next step plans
     assert pol.lookahead_stride(32) == 1
     every = make_policy("composite", drafters=["ngram"], prior_alpha=0.9, rest_lookahead=0)
