@@ -349,8 +349,8 @@ bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct
             // block's keys and V rows are fetched while this block's V rows are dequantized
             for (int64_t j = 0; j < nk; ++j) {
                 if (kb + KEY_BLOCK + j < n_keys) {
-                    specserve_prefetch_row(k_base + (kb + KEY_BLOCK + j) * nbk1, nb_dk * sizeof(specserve_block_q8_0));
-                    specserve_prefetch_row(v_base + (kb + KEY_BLOCK + j) * nbv1, DV / SPECSERVE_QK8_0 * sizeof(specserve_block_q8_0));
+                    specserve_prefetch_row(k_base + (kb + KEY_BLOCK + j) * nbk1, nb_dk);
+                    specserve_prefetch_row(v_base + (kb + KEY_BLOCK + j) * nbv1, DV / SPECSERVE_QK8_0);
                 }
                 dequantize_q8_0(v_base + (kb + j) * nbv1, vrows + j * DV, DV);
             }

@@ -158,13 +158,12 @@ extern "C" void specserve_attn_scores(const void * k_rows, size_t k_row_bytes, i
     const Group group{sc.q.data(), sc.qd.data(), sc.corr.data()};
     // the keys offset into unsigned bytes, once for every group of queries (past n_keys: zeros)
     const __m256i offset = _mm256_set1_epi8((char)0x80);
-    const size_t used = (size_t)nb * sizeof(specserve_block_q8_0);
     for (int64_t k = 0; k < std::min<int64_t>(KEYS_AHEAD, n_keys); ++k) {  // the first rows
-        specserve_prefetch_row((const char *)k_rows + k * k_row_bytes, used);
+        specserve_prefetch_row((const char *)k_rows + k * k_row_bytes, nb);
     }
     for (int64_t k = 0; k < padded; ++k) {
         if (k + KEYS_AHEAD < n_keys) {
-            specserve_prefetch_row((const char *)k_rows + (k + KEYS_AHEAD) * k_row_bytes, used);
+            specserve_prefetch_row((const char *)k_rows + (k + KEYS_AHEAD) * k_row_bytes, nb);
         }
         for (int64_t b = 0; b < nb; ++b) {
             uint8_t * out = keys + (k * nb + b) * SPECSERVE_QK8_0;

@@ -74,9 +74,8 @@ float softmax_row(float * row, const ggml_fp16_t * mask, int64_t n_keys, float s
 constexpr int64_t ROWS_AHEAD = 32;
 
 void dequantize_rows(const char * v, size_t row_bytes, int64_t n, int64_t dv, float * out) {
-    const size_t used = (size_t)(dv / SPECSERVE_QK8_0) * sizeof(specserve_block_q8_0);
     for (int64_t j = 0; j < n; ++j) {
-        specserve_prefetch_row(v + (j + ROWS_AHEAD) * row_bytes, used);
+        specserve_prefetch_row(v + (j + ROWS_AHEAD) * row_bytes, dv / SPECSERVE_QK8_0);
         const auto * blk = (const specserve_block_q8_0 *)(v + j * row_bytes);
         for (int64_t b = 0; b < dv / SPECSERVE_QK8_0; ++b) {
             const __m512 d = _mm512_set1_ps(_cvtsh_ss(blk[b].d));
@@ -127,7 +126,7 @@ void attend_two_pass(const char * k_rows, size_t k_row_bytes, const char * v_row
                      float * acc, float * sum) {
     const int64_t pad = (n_keys + W - 1) / W * W;
     for (int64_t j = 0; j < std::min<int64_t>(ROWS_AHEAD, n_keys); ++j) {  // the first V rows, while the scores are made
-        specserve_prefetch_row(v_rows + j * v_row_bytes, (size_t)(dv / SPECSERVE_QK8_0) * sizeof(specserve_block_q8_0));
+        specserve_prefetch_row(v_rows + j * v_row_bytes, dv / SPECSERVE_QK8_0);
     }
     // every query's scores at once, the queries in lanes (attn_scores.h): each score the same
     // whatever else is in the call

@@ -4,6 +4,8 @@
 #include <math.h>
 #include <string.h>
 
+#include <type_traits>
+
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__F16C__)
 #include <immintrin.h>
 #define SPECSERVE_LANES_SIMD 1
@@ -258,6 +260,21 @@ inline void group_tile(const uint8_t * q, const uint16_t * d, int64_t nb, const 
     for (int i = 0; i < P; ++i) _mm512_storeu_ps(dst + i * dst_stride, acc[i]);
 }
 
+// f(std::integral_constant<int, n>) for n = 1..8 rows: the kernels above are compiled per row count.
+template <class F>
+inline void with_rows(int n, F && f) {
+    switch (n) {
+        case 8: f(std::integral_constant<int, 8>{}); break;
+        case 7: f(std::integral_constant<int, 7>{}); break;
+        case 6: f(std::integral_constant<int, 6>{}); break;
+        case 5: f(std::integral_constant<int, 5>{}); break;
+        case 4: f(std::integral_constant<int, 4>{}); break;
+        case 3: f(std::integral_constant<int, 3>{}); break;
+        case 2: f(std::integral_constant<int, 2>{}); break;
+        default: f(std::integral_constant<int, 1>{}); break;
+    }
+}
+
 // Two groups' tiles at once, block by block in turn: each output's arithmetic is group_tile's,
 // in the same order, so the bits are the same. A call of one tile (up to 8 rows: decoding,
 // verification, a few sequences) waits on the weights' read, and two streams of them in flight, a
@@ -294,16 +311,7 @@ extern "C" void specserve_q8_lanes_matmul(const void * packed, int64_t g0, int64
             const uint8_t * qa = (const uint8_t *)packed + g * nb * (QREC + DREC), * qb = qa + nb * (QREC + DREC);
             const uint16_t * da = (const uint16_t *)(qa + nb * QREC), * db = (const uint16_t *)(qb + nb * QREC);
             float * oa = dst + c0 * dst_stride + g * SPECSERVE_LANES, * ob = oa + SPECSERVE_LANES;
-            switch (nc) {
-                case 8: group_pair<8>(qa, da, qb, db, nb, a, w, oa, ob, dst_stride); break;
-                case 7: group_pair<7>(qa, da, qb, db, nb, a, w, oa, ob, dst_stride); break;
-                case 6: group_pair<6>(qa, da, qb, db, nb, a, w, oa, ob, dst_stride); break;
-                case 5: group_pair<5>(qa, da, qb, db, nb, a, w, oa, ob, dst_stride); break;
-                case 4: group_pair<4>(qa, da, qb, db, nb, a, w, oa, ob, dst_stride); break;
-                case 3: group_pair<3>(qa, da, qb, db, nb, a, w, oa, ob, dst_stride); break;
-                case 2: group_pair<2>(qa, da, qb, db, nb, a, w, oa, ob, dst_stride); break;
-                default: group_pair<1>(qa, da, qb, db, nb, a, w, oa, ob, dst_stride); break;
-            }
+            with_rows((int)nc, [&](auto p) { group_pair<decltype(p)::value>(qa, da, qb, db, nb, a, w, oa, ob, dst_stride); });
         }
     }
     for (; g < g0 + ng; ++g) {
@@ -315,16 +323,7 @@ extern "C" void specserve_q8_lanes_matmul(const void * packed, int64_t g0, int64
             if (c0 + nc - c < n) n = (int)(c0 + nc - c);
             const act_record * a = ar + tile * TILE * nb + i;
             float * out = dst + c * dst_stride + g * SPECSERVE_LANES;
-            switch (n) {
-                case 8: group_tile<8>(q, d, nb, a, w, out, dst_stride); break;
-                case 7: group_tile<7>(q, d, nb, a, w, out, dst_stride); break;
-                case 6: group_tile<6>(q, d, nb, a, w, out, dst_stride); break;
-                case 5: group_tile<5>(q, d, nb, a, w, out, dst_stride); break;
-                case 4: group_tile<4>(q, d, nb, a, w, out, dst_stride); break;
-                case 3: group_tile<3>(q, d, nb, a, w, out, dst_stride); break;
-                case 2: group_tile<2>(q, d, nb, a, w, out, dst_stride); break;
-                default: group_tile<1>(q, d, nb, a, w, out, dst_stride); break;
-            }
+            with_rows(n, [&](auto p) { group_tile<decltype(p)::value>(q, d, nb, a, w, out, dst_stride); });
             c += n;
         }
     }

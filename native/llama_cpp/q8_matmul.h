@@ -58,13 +58,13 @@ void specserve_q8_0_matmul_ref(const void * w, size_t w_row_bytes, int64_t n_w,
                                const void * a, size_t a_row_bytes, int64_t n_a,
                                int64_t nb, float * dst, size_t dst_stride);
 
-// Both cache lines that the first `used` bytes of a row may touch, fetched into L1. Attention
-// reads the KV cache once a step, after the weights' ~145 MB went through the caches, so its rows
-// are cold; fetched a few dozen rows ahead they are not waited for (a prefetch never faults: one
-// past a buffer's end costs nothing wrong).
-static inline void specserve_prefetch_row(const void * row, size_t used) {
+// Both cache lines that a row of nb Q8_0 blocks may touch, fetched into L1. Attention reads the
+// KV cache once a step, after the weights' ~145 MB went through the caches, so its rows are cold;
+// fetched a few dozen rows ahead they are not waited for (a prefetch never faults: one past a
+// buffer's end costs nothing wrong).
+static inline void specserve_prefetch_row(const void * row, int64_t nb) {
     __builtin_prefetch(row, 0, 3);
-    __builtin_prefetch((const char *)row + used - 1, 0, 3);
+    __builtin_prefetch((const char *)row + nb * sizeof(specserve_block_q8_0) - 1, 0, 3);
 }
 
 // IEEE half to float, exactly (the specifications' conversion; SIMD paths use F16C's).
