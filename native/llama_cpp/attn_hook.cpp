@@ -302,7 +302,12 @@ bool specserve_flash_attn_q8_0(const struct ggml_compute_params * params, struct
     }
     ggml_barrier(params->threadpool);
 
-    for (int64_t unit = params->ith; unit < units; unit = ggml_threadpool_chunk_add(params->threadpool, 1)) {
+    // A thread claims a whole sequence's units at a time once there are sequences enough to share
+    // evenly: its KV heads' rows are one row of the cache each, so the second and third heads find
+    // them in this core's L2 (claimed one by one, the two threads each read every row from memory).
+    const int64_t per_claim = neq3 >= 4 * nth ? nek2 * row_split : 1;
+    for (int64_t claim = params->ith; claim < units / per_claim; claim = ggml_threadpool_chunk_add(params->threadpool, 1))
+    for (int64_t unit = claim * per_claim; unit < (claim + 1) * per_claim; ++unit) {
         const int64_t rc = unit % row_split, g = unit / row_split;
         const int64_t iq3 = g / nek2, ik2 = g % nek2;
         const int64_t h0 = ik2 * heads_per_kv;

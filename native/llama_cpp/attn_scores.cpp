@@ -1,11 +1,10 @@
-// specserve: attention scores with the queries in SIMD lanes (attn_scores.h says why and in
-// which order).
+// specserve: attention scores with the keys in SIMD lanes, by the lanes matmul (attn_scores.h says
+// why and in which order).
 #include "attn_scores.h"
 
 #include "q8_lanes.h"
 #include "q8_matmul.h"
 
-#include <math.h>
 #include <string.h>
 
 #include <algorithm>
@@ -18,12 +17,7 @@
 
 namespace {
 
-constexpr int LANES = 16;                      // queries a group: the int32 lanes of a register
-constexpr int SLICES = SPECSERVE_QK8_0 / 4;   // 4-byte slices a block
-
-inline const specserve_block_q8_0 * block(const void * rows, size_t row_bytes, int64_t r, int64_t b) {
-    return (const specserve_block_q8_0 *)((const char *)rows + r * row_bytes) + b;
-}
+constexpr int LANES = SPECSERVE_LANES;  // keys a group: the matmul's weight rows a group
 
 }  // namespace
 
@@ -41,101 +35,44 @@ extern "C" void specserve_attn_scores_ref(const void * k_rows, size_t k_row_byte
 
 namespace {
 
-constexpr int KEYS = 4;  // keys whose chains advance together (slice-major, as the matmul's tile)
-// Key rows fetched this far ahead of the copy below (specserve_prefetch_row): unfetched, 40% of
-// this function's time was the first load of a row (2-core AMX Xeon, decoding at 256 cached).
+// Key rows fetched this far ahead of their packing (specserve_prefetch_row): unfetched, 40% of
+// the scores' time was the first load of a row (2-core AMX Xeon, decoding at 256 cached).
 constexpr int64_t KEYS_AHEAD = 32;
+constexpr size_t GROUP_BYTES_A_BLOCK = LANES * (SPECSERVE_QK8_0 + 2);  // a block's 512 quant + 32 scale bytes
 
-struct Scratch {
-    std::vector<uint8_t> keys;   // [key][block][32]: the keys' quants + 128
-    std::vector<uint16_t> kh;    // [key][block]: their half scales
-    std::vector<float> kd;       // the same in fp32
-    std::vector<int32_t> q;      // [block][slice][lane]: a group's queries, 4 bytes a lane
-    std::vector<float> qd;       // [block][lane]
-    std::vector<int32_t> corr;   // [block][lane]: -128 x the query block's quant sum
-};
-
-// A group's queries in lanes, as key_tile reads them.
-struct Group {
-    int32_t * q;     // [block][slice][lane]: 4 bytes of a query a lane
-    float * qd;      // [block][lane]
-    int32_t * corr;  // [block][lane]: -128 x the query block's quant sum
-};
-
-// A group's queries into lanes (lanes past nq: zero quants and scale, so their scores are 0).
-void lay_out_queries(const void * q8, size_t q_row, int64_t i0, int64_t n, int64_t nb, const Group & sc) {
+// 16 keys' blocks to a weight group of the lanes matmul (q8_lanes.h): each block's 16 rows of
+// 8 dwords transposed to 8 slices of 16 lanes (a 256-bit half each: rows 0-7 and 8-15) and offset
+// to unsigned bytes; the 16 half scales by one gather (the low half of each dword at a scale).
+void pack_keys(const char * rows, size_t row_bytes, int64_t nb, uint8_t * q, uint16_t * d) {
+    const __m512i offset = _mm512_set1_epi8((char)0x80);
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32((int)row_bytes));
     for (int64_t b = 0; b < nb; ++b) {
-        for (int l = 0; l < LANES; ++l) {
-            int32_t sum = 0;
-            float d = 0.0f;
-            int32_t w[SLICES] = {0};
-            if (l < n) {
-                const specserve_block_q8_0 * qb = block(q8, q_row, i0 + l, b);
-                memcpy(w, qb->qs, sizeof w);
-                for (int j = 0; j < SPECSERVE_QK8_0; ++j) sum += qb->qs[j];
-                d = specserve_half_to_float(qb->d);
-            }
-            for (int s = 0; s < SLICES; ++s) sc.q[(b * SLICES + s) * LANES + l] = w[s];
-            sc.qd[b * LANES + l] = d;
-            sc.corr[b * LANES + l] = -128 * sum;
+        const char * blk = rows + b * sizeof(specserve_block_q8_0);
+        __m512i z[8], t[8], u[8];
+        for (int j = 0; j < 8; ++j) {  // rows j and j + 8
+            const __m256i r0 = _mm256_loadu_si256((const __m256i *)(blk + j * row_bytes + 2));
+            const __m256i r8 = _mm256_loadu_si256((const __m256i *)(blk + (j + 8) * row_bytes + 2));
+            z[j] = _mm512_inserti64x4(_mm512_castsi256_si512(r0), r8, 1);
         }
-    }
-}
-
-// KU keys' scores against the group's 16 queries: out[u] holds key u's 16 scores.
-template <int KU>
-inline void key_tile(const uint8_t * keys, const float * kd, int64_t nb, const Group & sc, __m512 * out) {
-    __m512 acc[KU];
-    for (int u = 0; u < KU; ++u) acc[u] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-        const __m512i corr = _mm512_loadu_si512(sc.corr + b * LANES);
-        __m512i s0[KU], s1[KU];
-        for (int u = 0; u < KU; ++u) { s0[u] = corr; s1[u] = _mm512_setzero_si512(); }
-        const int32_t * qs = sc.q + b * SLICES * LANES;
-#pragma GCC unroll 8
-        for (int s = 0; s < SLICES; ++s) {
-            const __m512i q = _mm512_loadu_si512(qs + s * LANES);
-#pragma GCC unroll 8
-            for (int u = 0; u < KU; ++u) {
-                const int32_t * k = (const int32_t *)(keys + (u * nb + b) * SPECSERVE_QK8_0);
-                __m512i & chain = (s & 1) ? s1[u] : s0[u];  // two chains a key: half the latency
-                chain = _mm512_dpbusd_epi32(chain, _mm512_set1_epi32(k[s]), q);
-            }
+        for (int j = 0; j < 8; j += 2) {
+            t[j] = _mm512_unpacklo_epi32(z[j], z[j + 1]);
+            t[j + 1] = _mm512_unpackhi_epi32(z[j], z[j + 1]);
         }
-        const __m512 qd = _mm512_loadu_ps(sc.qd + b * LANES);
-#pragma GCC unroll 8
-        for (int u = 0; u < KU; ++u) {
-            const __m512 d = _mm512_mul_ps(qd, _mm512_set1_ps(kd[u * nb + b]));
-            acc[u] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_add_epi32(s0[u], s1[u])), acc[u]);
+        for (int j = 0; j < 8; j += 4) {
+            u[j] = _mm512_unpacklo_epi64(t[j], t[j + 2]);
+            u[j + 1] = _mm512_unpackhi_epi64(t[j], t[j + 2]);
+            u[j + 2] = _mm512_unpacklo_epi64(t[j + 1], t[j + 3]);
+            u[j + 3] = _mm512_unpackhi_epi64(t[j + 1], t[j + 3]);
         }
-    }
-    for (int u = 0; u < KU; ++u) out[u] = acc[u];
-}
-
-// 16 x 16 floats: rows[j] lane l -> cols[l] lane j.
-inline void transpose16(const __m512 * rows, __m512 * cols) {
-    __m512 t[16], r[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_ps(rows[i], rows[i + 1]);
-        t[i + 1] = _mm512_unpackhi_ps(rows[i], rows[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
-        r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xee);
-        r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-        r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xee);
-    }
-    for (int i = 0; i < 4; ++i) {  // 128-bit chunks: rows 0-3 / 4-7 / 8-11 / 12-15
-        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
-        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
-        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
-        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
-    }
-    for (int i = 0; i < 4; ++i) {
-        cols[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-        cols[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
-        cols[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
-        cols[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xdd);
+        uint8_t * out = q + b * LANES * SPECSERVE_QK8_0;
+        for (int s = 0; s < 4; ++s) {  // u[s]: slices s and s + 4 of rows 0-3 (8-11); u[s + 4]: of rows 4-7 (12-15)
+            _mm512_storeu_si512(out + s * 64, _mm512_xor_si512(_mm512_permutex2var_epi64(u[s], lo, u[s + 4]), offset));
+            _mm512_storeu_si512(out + (s + 4) * 64, _mm512_xor_si512(_mm512_permutex2var_epi64(u[s], hi, u[s + 4]), offset));
+        }
+        const __m512i scales = _mm512_i32gather_epi32(at, blk, 1);
+        _mm256_store_si256((__m256i *)(d + b * LANES), _mm512_cvtepi32_epi16(scales));
     }
 }
 
@@ -143,58 +80,36 @@ inline void transpose16(const __m512 * rows, __m512 * cols) {
 
 extern "C" void specserve_attn_scores(const void * k_rows, size_t k_row_bytes, int64_t n_keys, const void * q8,
                                       size_t q_row, int64_t nq, int64_t nb, float * scores, size_t pad) {
-    static thread_local Scratch scratch;
-    Scratch & sc = scratch;  // one TLS lookup
-    const int64_t padded = (n_keys + LANES - 1) / LANES * LANES;
-    sc.keys.resize(padded * nb * SPECSERVE_QK8_0);
-    sc.kh.resize(padded * nb + LANES);
-    sc.kd.resize(padded * nb + LANES);
-    sc.q.resize(nb * SLICES * LANES);
-    sc.qd.resize(nb * LANES);
-    sc.corr.resize(nb * LANES);
-    uint8_t * const keys = sc.keys.data();  // raw pointers: the thread_local would be looked up again after every store
-    uint16_t * const kh = sc.kh.data();
-    float * const kd = sc.kd.data();
-    const Group group{sc.q.data(), sc.qd.data(), sc.corr.data()};
-    // the keys offset into unsigned bytes, once for every group of queries (past n_keys: zeros)
-    const __m256i offset = _mm256_set1_epi8((char)0x80);
+    static thread_local std::vector<uint8_t> buf;
+    const int64_t groups = (n_keys + LANES - 1) / LANES;
+    const size_t packed_bytes = (size_t)groups * nb * GROUP_BYTES_A_BLOCK;
+    const size_t row = nb * sizeof(specserve_block_q8_0), tail_bytes = LANES * row;
+    buf.resize(packed_bytes + specserve_q8_lanes_act_size(nq, nb) + tail_bytes + 64);
+    uint8_t * packed = (uint8_t *)(((uintptr_t)buf.data() + 63) & ~(uintptr_t)63);  // the scales' aligned loads
+    uint8_t * act = packed + packed_bytes;
+    char * tail = (char *)act + specserve_q8_lanes_act_size(nq, nb);
     for (int64_t k = 0; k < std::min<int64_t>(KEYS_AHEAD, n_keys); ++k) {  // the first rows
         specserve_prefetch_row((const char *)k_rows + k * k_row_bytes, nb);
     }
-    for (int64_t k = 0; k < padded; ++k) {
-        if (k + KEYS_AHEAD < n_keys) {
-            specserve_prefetch_row((const char *)k_rows + (k + KEYS_AHEAD) * k_row_bytes, nb);
+    for (int64_t g = 0; g < groups; ++g) {
+        const int64_t k0 = g * LANES, n = std::min<int64_t>(LANES, n_keys - k0);
+        for (int64_t k = k0 + KEYS_AHEAD; k < std::min(k0 + KEYS_AHEAD + LANES, n_keys); ++k) {
+            specserve_prefetch_row((const char *)k_rows + k * k_row_bytes, nb);
         }
-        for (int64_t b = 0; b < nb; ++b) {
-            uint8_t * out = keys + (k * nb + b) * SPECSERVE_QK8_0;
-            if (k < n_keys) {
-                const specserve_block_q8_0 * kb = block(k_rows, k_row_bytes, k, b);
-                _mm256_storeu_si256((__m256i *)out, _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)kb->qs), offset));
-                kh[k * nb + b] = kb->d;
-            } else {
-                memset(out, 0x80, SPECSERVE_QK8_0);
-                kh[k * nb + b] = 0;
-            }
+        uint8_t * q = packed + g * nb * GROUP_BYTES_A_BLOCK;
+        uint16_t * d = (uint16_t *)(q + nb * LANES * SPECSERVE_QK8_0);
+        if (n == LANES) {
+            pack_keys((const char *)k_rows + k0 * k_row_bytes, k_row_bytes, nb, q, d);
+        } else {  // the last keys, beside zero keys (zero quants and scale: scores 0)
+            memset(tail, 0, tail_bytes);
+            for (int64_t k = 0; k < n; ++k) memcpy(tail + k * row, (const char *)k_rows + (k0 + k) * k_row_bytes, row);
+            pack_keys(tail, row, nb, q, d);
         }
     }
-    for (int64_t i = 0; i < padded * nb; i += LANES) {  // 16 scales a convert
-        _mm512_storeu_ps(kd + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kh + i))));
-    }
-    for (int64_t i0 = 0; i0 < nq; i0 += LANES) {
-        const int64_t n = nq - i0 < LANES ? nq - i0 : LANES;
-        lay_out_queries(q8, q_row, i0, n, nb, group);
-        for (int64_t k0 = 0; k0 < padded; k0 += LANES) {
-            __m512 rows[LANES], cols[LANES];
-            for (int u = 0; u < LANES; u += KEYS) {
-                const int64_t k = k0 + u;
-                key_tile<KEYS>(keys + k * nb * SPECSERVE_QK8_0, kd + k * nb, nb, group, rows + u);
-            }
-            transpose16(rows, cols);
-            for (int64_t l = 0; l < n; ++l) _mm512_storeu_ps(scores + (i0 + l) * pad + k0, cols[l]);
-        }
-        for (int64_t l = 0; l < n; ++l) {
-            for (size_t k = (size_t)padded; k < pad; ++k) scores[(i0 + l) * pad + k] = 0.0f;
-        }
+    specserve_q8_lanes_act(q8, q_row, nq, nb, act);
+    specserve_q8_lanes_matmul(packed, 0, groups, nb, act, nq, 0, nq, scores, pad);
+    for (int64_t i = 0; i < nq; ++i) {
+        for (size_t k = (size_t)groups * LANES; k < pad; ++k) scores[i * pad + k] = 0.0f;
     }
 }
 

@@ -1,21 +1,19 @@
-// specserve: attention scores over a Q8_0 KV cache with the queries in SIMD lanes, for the
-// rows-in-lanes arithmetic's attention (attn_two_pass.cpp).
+// specserve: attention scores over a Q8_0 KV cache, for the rows-in-lanes arithmetic's attention
+// (attn_two_pass.cpp), made by the rows-in-lanes matmul itself (q8_lanes.h): each group of 16 keys
+// is packed as one of its weight groups (transposed in registers, offset to unsigned bytes), the
+// queries are its activation rows, and one call makes every score.
 //
-// llama.cpp's order (q8_matmul.h) keeps 8 int32 partial sums per query and key block and adds
-// them horizontally at the end: at a verification's 12-24 queries per KV head that horizontal
-// work, not the products, is most of attention's cost (docs/results.md, session 36). Here 16
-// queries sit in the 16 int32 lanes of a register, so one vpdpbusd multiplies 4 bytes of a key
-// (broadcast) with 4 bytes of each of 16 queries, and one convert, one scale product and one fma
-// finish a block for all of them. The keys are read from the cache as they are (each byte
-// offset by 128 into a scratch copy: vpdpbusd multiplies unsigned by signed bytes); nothing is
-// laid out per key but that copy.
+// Why keys, not queries, in the lanes: decoding, a KV head has only its query heads' queries (3
+// for the served model), and with the queries in a register's 16 lanes 13 lanes idled; 16 keys
+// fill a register whatever the number of queries. Hot, one thread, 256 keys: 3 queries 7.1 k ->
+// 2.3 k TSC cycles a call, 24 queries 13.6 k -> 7.7 k, 384 queries 274 k -> 148 k (session 41).
 //
 // The arithmetic of one score (query q, key k, nb blocks of 32), the rows-in-lanes matmul's own
-// (q8_lanes.h):
+// with the key as its weight row:
 //   acc = 0
 //   for each block b:
 //     s   = sum of q.qs[i] * k.qs[i], i = 0..31                    (exact, int32)
-//     acc = fma(fp32(q[b].d) * fp32(k[b].d), float(s), acc)
+//     acc = fma(fp32(k[b].d) * fp32(q[b].d), float(s), acc)
 //   score = acc
 // It depends on the query and the key only: not on the lane, the other queries, the number of
 // keys or how the work is split, so a query's scores are the same alone and in any batch.

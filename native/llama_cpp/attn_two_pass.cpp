@@ -114,6 +114,37 @@ void accumulate(float * const * acc, const float * const * p, const float * vrow
     }
 }
 
+// Pass 3 for Q queries straight from the Q8_0 V rows: each V vector dequantized in registers
+// (float(q) * fp32(d), as dequantize_rows) and taken by the Q queries' fmas in accumulate's order,
+// so the same bits; decoding's 3 queries a KV head no longer pay a store and a load of each V
+// float beside their 3 fmas.
+template <int Q>
+void accumulate_rows(float * const * acc, const float * const * p, const char * v, size_t row_bytes, int64_t nk, int64_t dv) {
+    for (int64_t h = 0; h < dv; h += DV_STEP) {
+        __m512 a[Q][4];
+        for (int q = 0; q < Q; ++q) {
+            for (int c = 0; c < 4; ++c) a[q][c] = _mm512_loadu_ps(acc[q] + h + c * W);
+        }
+        for (int64_t k = 0; k < nk; ++k) {
+            if (h == 0) specserve_prefetch_row(v + (k + ROWS_AHEAD) * row_bytes, dv / SPECSERVE_QK8_0);
+            const auto * blk = (const specserve_block_q8_0 *)(v + k * row_bytes) + h / SPECSERVE_QK8_0;
+            __m512 x[4];
+            for (int c = 0; c < 4; ++c) {
+                const __m512 d = _mm512_set1_ps(_cvtsh_ss(blk[c / 2].d));
+                const __m512i qi = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk[c / 2].qs + (c % 2) * W)));
+                x[c] = _mm512_mul_ps(_mm512_cvtepi32_ps(qi), d);
+            }
+            for (int q = 0; q < Q; ++q) {
+                const __m512 w = _mm512_set1_ps(p[q][k]);
+                for (int c = 0; c < 4; ++c) a[q][c] = _mm512_fmadd_ps(x[c], w, a[q][c]);
+            }
+        }
+        for (int q = 0; q < Q; ++q) {
+            for (int c = 0; c < 4; ++c) _mm512_storeu_ps(acc[q] + h + c * W, a[q][c]);
+        }
+    }
+}
+
 }  // namespace
 
 bool two_pass_supported(int64_t dv) {
@@ -136,6 +167,22 @@ void attend_two_pass(const char * k_rows, size_t k_row_bytes, const char * v_row
     }
     for (int64_t kb = 0; kb < n_keys; kb += KEY_BLOCK) {
         const int64_t nk = std::min(KEY_BLOCK, n_keys - kb);
+        if (nq <= QUERIES) {  // one group of queries: the V rows dequantized in registers
+            float * a[QUERIES];
+            const float * p[QUERIES];
+            for (int q = 0; q < nq; ++q) {
+                a[q] = acc + q * dv;
+                p[q] = scores + q * pad + kb;
+            }
+            const char * v = v_rows + kb * v_row_bytes;
+            switch (nq) {
+                case 4: accumulate_rows<4>(a, p, v, v_row_bytes, nk, dv); break;
+                case 3: accumulate_rows<3>(a, p, v, v_row_bytes, nk, dv); break;
+                case 2: accumulate_rows<2>(a, p, v, v_row_bytes, nk, dv); break;
+                default: accumulate_rows<1>(a, p, v, v_row_bytes, nk, dv); break;
+            }
+            continue;
+        }
         dequantize_rows(v_rows + kb * v_row_bytes, v_row_bytes, nk, dv, vrows);
         for (int64_t i = 0; i < nq; i += QUERIES) {
             float * a[QUERIES];
