@@ -73,66 +73,46 @@ float softmax_row(float * row, const ggml_fp16_t * mask, int64_t n_keys, float s
 // load of a row.
 constexpr int64_t ROWS_AHEAD = 32;
 
+// 16 floats of a V row from half of its Q8_0 block: float(q) * fp32(d). Both ways of pass 3 below
+// take V's floats from here, so they are the same floats.
+inline __m512 dequantize16(const specserve_block_q8_0 & blk, int half) {
+    const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk.qs + half * W)));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(_cvtsh_ss(blk.d)));
+}
+
 void dequantize_rows(const char * v, size_t row_bytes, int64_t n, int64_t dv, float * out) {
     for (int64_t j = 0; j < n; ++j) {
         specserve_prefetch_row(v + (j + ROWS_AHEAD) * row_bytes, dv / SPECSERVE_QK8_0);
         const auto * blk = (const specserve_block_q8_0 *)(v + j * row_bytes);
         for (int64_t b = 0; b < dv / SPECSERVE_QK8_0; ++b) {
-            const __m512 d = _mm512_set1_ps(_cvtsh_ss(blk[b].d));
-            for (int h = 0; h < SPECSERVE_QK8_0; h += W) {
-                const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk[b].qs + h)));
-                _mm512_storeu_ps(out + j * dv + b * SPECSERVE_QK8_0 + h, _mm512_mul_ps(_mm512_cvtepi32_ps(q), d));
+            for (int half = 0; half < SPECSERVE_QK8_0 / W; ++half) {
+                _mm512_storeu_ps(out + j * dv + b * SPECSERVE_QK8_0 + half * W, dequantize16(blk[b], half));
             }
         }
     }
 }
 
 // Pass 3 for Q queries over a block of nk keys: acc = fma(v_k, p_k, acc), key after key, with 64
-// floats of each query in registers and each V vector loaded once for the Q queries.
-template <int Q>
-void accumulate(float * const * acc, const float * const * p, const float * vrows, int64_t nk, int64_t dv) {
+// floats of each query in registers and each V vector loaded once for the Q queries. V comes as
+// floats (dequantize_rows: one pass serves every group of queries) or, FROM_ROWS, straight from the
+// Q8_0 rows, dequantized in registers: for a single group (decoding's 3 queries a KV head) that
+// saves a store and a load of each V float beside its 3 fmas. The same floats and fmas in the same
+// order either way, so the same bits.
+template <int Q, bool FROM_ROWS>
+void accumulate(float * const * acc, const float * const * p, const char * v, size_t row_bytes, int64_t nk, int64_t dv) {
     for (int64_t h = 0; h < dv; h += DV_STEP) {
         __m512 a[Q][4];
         for (int q = 0; q < Q; ++q) {
             for (int c = 0; c < 4; ++c) a[q][c] = _mm512_loadu_ps(acc[q] + h + c * W);
         }
         for (int64_t k = 0; k < nk; ++k) {
-            const float * v = vrows + k * dv + h;
-            const __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + W), v2 = _mm512_loadu_ps(v + 2 * W),
-                         v3 = _mm512_loadu_ps(v + 3 * W);
-            for (int q = 0; q < Q; ++q) {
-                const __m512 w = _mm512_set1_ps(p[q][k]);
-                a[q][0] = _mm512_fmadd_ps(v0, w, a[q][0]);
-                a[q][1] = _mm512_fmadd_ps(v1, w, a[q][1]);
-                a[q][2] = _mm512_fmadd_ps(v2, w, a[q][2]);
-                a[q][3] = _mm512_fmadd_ps(v3, w, a[q][3]);
-            }
-        }
-        for (int q = 0; q < Q; ++q) {
-            for (int c = 0; c < 4; ++c) _mm512_storeu_ps(acc[q] + h + c * W, a[q][c]);
-        }
-    }
-}
-
-// Pass 3 for Q queries straight from the Q8_0 V rows: each V vector dequantized in registers
-// (float(q) * fp32(d), as dequantize_rows) and taken by the Q queries' fmas in accumulate's order,
-// so the same bits; decoding's 3 queries a KV head no longer pay a store and a load of each V
-// float beside their 3 fmas.
-template <int Q>
-void accumulate_rows(float * const * acc, const float * const * p, const char * v, size_t row_bytes, int64_t nk, int64_t dv) {
-    for (int64_t h = 0; h < dv; h += DV_STEP) {
-        __m512 a[Q][4];
-        for (int q = 0; q < Q; ++q) {
-            for (int c = 0; c < 4; ++c) a[q][c] = _mm512_loadu_ps(acc[q] + h + c * W);
-        }
-        for (int64_t k = 0; k < nk; ++k) {
-            if (h == 0) specserve_prefetch_row(v + (k + ROWS_AHEAD) * row_bytes, dv / SPECSERVE_QK8_0);
-            const auto * blk = (const specserve_block_q8_0 *)(v + k * row_bytes) + h / SPECSERVE_QK8_0;
             __m512 x[4];
-            for (int c = 0; c < 4; ++c) {
-                const __m512 d = _mm512_set1_ps(_cvtsh_ss(blk[c / 2].d));
-                const __m512i qi = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk[c / 2].qs + (c % 2) * W)));
-                x[c] = _mm512_mul_ps(_mm512_cvtepi32_ps(qi), d);
+            if (FROM_ROWS) {
+                if (h == 0) specserve_prefetch_row(v + (k + ROWS_AHEAD) * row_bytes, dv / SPECSERVE_QK8_0);
+                const auto * blk = (const specserve_block_q8_0 *)(v + k * row_bytes) + h / SPECSERVE_QK8_0;
+                for (int c = 0; c < 4; ++c) x[c] = dequantize16(blk[c / 2], c % 2);
+            } else {
+                for (int c = 0; c < 4; ++c) x[c] = _mm512_loadu_ps((const float *)v + k * dv + h + c * W);
             }
             for (int q = 0; q < Q; ++q) {
                 const __m512 w = _mm512_set1_ps(p[q][k]);
@@ -142,6 +122,17 @@ void accumulate_rows(float * const * acc, const float * const * p, const char * 
         for (int q = 0; q < Q; ++q) {
             for (int c = 0; c < 4; ++c) _mm512_storeu_ps(acc[q] + h + c * W, a[q][c]);
         }
+    }
+}
+
+template <bool FROM_ROWS>
+void accumulate_group(int n, float * const * acc, const float * const * p, const char * v, size_t row_bytes, int64_t nk,
+                      int64_t dv) {
+    switch (n) {
+        case 4: accumulate<4, FROM_ROWS>(acc, p, v, row_bytes, nk, dv); break;
+        case 3: accumulate<3, FROM_ROWS>(acc, p, v, row_bytes, nk, dv); break;
+        case 2: accumulate<2, FROM_ROWS>(acc, p, v, row_bytes, nk, dv); break;
+        default: accumulate<1, FROM_ROWS>(acc, p, v, row_bytes, nk, dv); break;
     }
 }
 
@@ -159,31 +150,16 @@ void attend_two_pass(const char * k_rows, size_t k_row_bytes, const char * v_row
     for (int64_t j = 0; j < std::min<int64_t>(ROWS_AHEAD, n_keys); ++j) {  // the first V rows, while the scores are made
         specserve_prefetch_row(v_rows + j * v_row_bytes, dv / SPECSERVE_QK8_0);
     }
-    // every query's scores at once, the queries in lanes (attn_scores.h): each score the same
-    // whatever else is in the call
+    // every query's scores at once, by the lanes matmul with the keys in lanes (attn_scores.h):
+    // each score the same whatever else is in the call
     specserve_attn_scores(k_rows, k_row_bytes, n_keys, q8, q_row, nq, nb_dk, scores, pad);
     for (int64_t i = 0; i < nq; ++i) {
         sum[i] = softmax_row(scores + i * pad, masks[i], n_keys, scale);
     }
+    const bool from_rows = nq <= QUERIES;  // one group of queries: V dequantized in registers
     for (int64_t kb = 0; kb < n_keys; kb += KEY_BLOCK) {
         const int64_t nk = std::min(KEY_BLOCK, n_keys - kb);
-        if (nq <= QUERIES) {  // one group of queries: the V rows dequantized in registers
-            float * a[QUERIES];
-            const float * p[QUERIES];
-            for (int q = 0; q < nq; ++q) {
-                a[q] = acc + q * dv;
-                p[q] = scores + q * pad + kb;
-            }
-            const char * v = v_rows + kb * v_row_bytes;
-            switch (nq) {
-                case 4: accumulate_rows<4>(a, p, v, v_row_bytes, nk, dv); break;
-                case 3: accumulate_rows<3>(a, p, v, v_row_bytes, nk, dv); break;
-                case 2: accumulate_rows<2>(a, p, v, v_row_bytes, nk, dv); break;
-                default: accumulate_rows<1>(a, p, v, v_row_bytes, nk, dv); break;
-            }
-            continue;
-        }
-        dequantize_rows(v_rows + kb * v_row_bytes, v_row_bytes, nk, dv, vrows);
+        if (!from_rows) dequantize_rows(v_rows + kb * v_row_bytes, v_row_bytes, nk, dv, vrows);
         for (int64_t i = 0; i < nq; i += QUERIES) {
             float * a[QUERIES];
             const float * p[QUERIES];
@@ -192,12 +168,8 @@ void attend_two_pass(const char * k_rows, size_t k_row_bytes, const char * v_row
                 a[q] = acc + (i + q) * dv;
                 p[q] = scores + (i + q) * pad + kb;
             }
-            switch (n) {
-                case 4: accumulate<4>(a, p, vrows, nk, dv); break;
-                case 3: accumulate<3>(a, p, vrows, nk, dv); break;
-                case 2: accumulate<2>(a, p, vrows, nk, dv); break;
-                default: accumulate<1>(a, p, vrows, nk, dv); break;
-            }
+            if (from_rows) accumulate_group<true>(n, a, p, v_rows + kb * v_row_bytes, v_row_bytes, nk, dv);
+            else accumulate_group<false>(n, a, p, (const char *)vrows, 0, nk, dv);
         }
     }
 }
