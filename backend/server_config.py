@@ -46,7 +46,8 @@ class ServerConfig:
     # chunked prefill (issue 20): prompt tokens prefilled per iteration, between decode steps; 0 = whole prompts
     prefill_chunk: int = 128
     # chunks of prefill_chunk an iteration prefills when that many prompts are waiting for theirs
-    # (one a prompt): a loaded server amortises the decode step over more prompt tokens (issue 30)
+    # (one a prompt), or one prompt alone while nothing decodes: a loaded server amortises the
+    # decode step over more prompt tokens (issue 30), an idle one reads the weights fewer times
     prefill_chunks: int = 4
     async_send: bool = True  # send responses from a thread of their own, overlapping the next step
     # llama.cpp: copy the chat template's shared first tokens instead of prefilling them. Off by default:

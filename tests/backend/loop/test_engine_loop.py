@@ -187,8 +187,8 @@ def test_a_sequence_cancelled_or_preempted_while_prefilling_gives_back_its_block
     assert seq.prefilling and 0 < seq.kv_len < seq.prefill_len and not seq.joined
     loop.scheduler.preempt(seq)
     assert seq.seq_id not in loop.pool and loop.waiting[0] is seq and seq.kv_len == 0
-    loop.step()  # back in, first chunk again
-    assert loop.running[0] is seq and seq.kv_len == 32
+    loop.step()  # back in, first chunks again (alone, nothing decoding: prefill_chunks of them)
+    assert loop.running[0] is seq and seq.kv_len == 32 * loop.cfg.prefill_chunks
     sink.cancel = True
     time.sleep(loop.cfg.cancel_poll_s)
     loop.step()

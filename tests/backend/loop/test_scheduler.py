@@ -117,8 +117,8 @@ def test_prefill_pieces_do_not_depend_on_other_traffic():
 
 
 def test_several_prompts_prefilling_share_up_to_prefill_chunks_chunks_one_each():
-    """One prompt alone still takes one chunk an iteration (the running streams wait one chunk);
-    prompts waiting together take one chunk each, up to prefill_chunks chunks' tokens in all."""
+    """Prompts waiting together take one chunk each, up to prefill_chunks chunks' tokens in all;
+    one prompt alone beside running streams takes one chunk an iteration (they wait one chunk)."""
     s = scheduler(chunk=32, chunks=3, max_batch=5, blocks=128)
     a, b, c, d = queued(s, 100, 100, 100, 100)
     s.admit()
@@ -126,10 +126,29 @@ def test_several_prompts_prefilling_share_up_to_prefill_chunks_chunks_one_each()
     for seq in (a, b, c):
         seq.kv_len = 32
     assert s.prefill_pieces() == [(a, 32, 64), (b, 32, 64), (c, 32, 64)]  # oldest first: d waits
-    alone = scheduler(chunk=32, chunks=3)
-    (x,) = queued(alone, 100)
-    alone.admit()
-    assert alone.prefill_pieces() == [(x, 0, 32)]
+    beside = scheduler(chunk=32, chunks=3)
+    streaming, x = queued(beside, 4, 100)
+    beside.admit()
+    streaming.kv_len = 4  # prefilled: it decodes while x prefills
+    assert beside.prefill_pieces() == [(x, 0, 32)]
+
+
+def test_a_prompt_alone_with_nothing_decoding_takes_up_to_prefill_chunks_chunks():
+    """Nobody waits on the iteration, so the lone prompt takes up to prefill_chunks chunks at once,
+    its pieces still ending at chunk multiples or the prompt's end; once another sequence runs
+    beside it, one chunk an iteration again."""
+    s = scheduler(chunk=32, chunks=3, blocks=128)
+    (x,) = queued(s, 150)
+    s.admit()
+    x.kv_len = 10  # e.g. a reused prefix: the piece still ends at a chunk multiple
+    assert s.prefill_pieces() == [(x, 10, 96)]
+    x.kv_len = 96
+    assert s.prefill_pieces() == [(x, 96, 150)]
+    (y,) = [Seq(9, 40, arrival_s=9.0)]
+    s.waiting.append(y)
+    s.admit()
+    y.kv_len = 40
+    assert s.prefill_pieces() == [(x, 96, 128)]
 
 
 def test_whole_prompts_when_the_chunk_is_zero():
