@@ -165,6 +165,13 @@ class _Drafting:
     drafters: Dict[int, str]
 
 
+def _nothing_ready(view, drafters: List[str]) -> bool:
+    """The look-ahead found no draft of any of `drafters` for this sequence (a drafter it did not
+    look ahead for this sequence might have one)."""
+    ready = view.available
+    return ready is not None and all(ready.get(d) == 0 for d in drafters)
+
+
 def _planned(s) -> Tuple[Optional[str], int]:
     """`SequenceOutcome.planned` as (drafter, gamma), without building an Arm per sequence."""
     return (s.drafter, s.gamma) if s.planned_gamma is None else (s.planned_drafter, s.planned_gamma)
@@ -240,6 +247,8 @@ class Composite(Policy):
         b = ctx.batch_size
         is_model = {d: info[d].is_model for d in usable}
         self.model_drafters.update(is_model)
+        if not any(is_model.values()) and all(_nothing_ready(v, usable) for v in ctx.sequences):
+            return {}  # what the plan comes to when no sequence has a draft (_ready: all None), unplanned
         bucket = bucket_of(b)
         counts = self.pulls.get(bucket) or [0] * (self.cfg.gamma_max + 1)
         step = _Batch(ctx, bucket, self._seen.ctx_len,

@@ -1,5 +1,7 @@
 """The composite policy's parts, each on its own: the acceptance estimator, the step-time
 model and the planner (pure functions of their inputs)."""
+import random
+
 import pytest
 
 from policy.acceptance import AcceptanceEstimator, pick_drafter, shrunk_rate
@@ -247,3 +249,28 @@ def test_composite_looks_ahead_for_about_rest_lookahead_sequences_while_resting(
     every = make_policy("composite", drafters=["ngram"], prior_alpha=0.9, rest_lookahead=0)
     every.decide(_batch_ctx(0, 32, 0))
     assert every.lookahead_stride(32) == 1
+
+
+def test_composite_decides_without_planning_what_the_plan_gives_when_nothing_is_ready(monkeypatch):
+    """Steps where the look-ahead found no draft for any sequence skip the plan (Composite._choose):
+    step after step, over batches where some, none or all sequences have drafts ready (or were not
+    looked ahead), the decisions equal those of the whole plan, rests included."""
+    import policy.composite as composite
+    from policy import make_policy
+    from policy.types import DrafterInfo, SequenceView, StepContext
+
+    rng = random.Random(7)
+    drafters = [DrafterInfo(name=n, is_model=False, resident=True) for n in ("ngram", "suffix")]
+    contexts = []
+    for step in range(300):
+        ready = rng.choice([(0,), (0, None), (0, 3), (0, 0, 8)])
+        views = [SequenceView(seq_id=i, context_len=100 + step, generated=5, max_new_tokens=64, temperature=0.0,
+                              available=(None if (n := rng.choice(ready)) is None else {"ngram": n, "suffix": 0}))
+                 for i in range(rng.choice([1, 2, 5, 8]))]
+        contexts.append(StepContext(step=step, sequences=views, drafters=drafters))
+    decide = lambda pol: [pol.decide(ctx).arms for ctx in contexts]
+    fast = decide(make_policy("composite", drafters=["ngram", "suffix"], prior_alpha=0.9))
+    monkeypatch.setattr(composite, "_nothing_ready", lambda view, names: False)
+    planned = decide(make_policy("composite", drafters=["ngram", "suffix"], prior_alpha=0.9))
+    assert fast == planned
+    assert sum(map(bool, fast)) > 20 and sum(not a for a in fast) > 100  # both kinds of step occur
