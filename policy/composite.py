@@ -165,11 +165,16 @@ class _Drafting:
     drafters: Dict[int, str]
 
 
+def _draft_ready(view, drafter: str, is_model: bool) -> bool:
+    """Whether `drafter` may draft for this sequence now: a model drafter always; a model-free one
+    unless the look-ahead found it nothing (one not looked ahead for this sequence might have one)."""
+    n = view.available.get(drafter) if view.available is not None else None
+    return is_model or n is None or n > 0
+
+
 def _nothing_ready(view, drafters: List[str]) -> bool:
-    """The look-ahead found no draft of any of `drafters` for this sequence (a drafter it did not
-    look ahead for this sequence might have one)."""
-    ready = view.available
-    return ready is not None and all(ready.get(d) == 0 for d in drafters)
+    """No model-free drafter of `drafters` may draft for this sequence now (`_draft_ready`)."""
+    return not any(_draft_ready(view, d, False) for d in drafters)
 
 
 def _planned(s) -> Tuple[Optional[str], int]:
@@ -274,8 +279,7 @@ class Composite(Policy):
             return picks
 
         def ready(v, d: str) -> bool:
-            n = v.available.get(d) if v.available is not None else None
-            return is_model[d] or n is None or n > 0
+            return _draft_ready(v, d, is_model[d])
 
         if all(ready(v, d) for v, d in zip(seqs, picks.drafters)):
             return picks
