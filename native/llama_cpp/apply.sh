@@ -10,5 +10,5 @@ SRC="${1:?usage: apply.sh <llama-cpp-python source dir>}"
 CPU="$SRC/vendor/llama.cpp/ggml/src/ggml-cpu"
 [ -f "$CPU/ggml-cpu.c" ] || { echo "apply.sh: no $CPU/ggml-cpu.c" >&2; exit 1; }
 mkdir -p "$CPU/specserve"
-cp "$HERE/specserve.h" "$HERE/expf8.h" "$HERE/q8_matmul.h" "$HERE/q8_matmul.cpp" "$HERE/q8_matmul_avx512.inc" "$HERE/q8_lanes.h" "$HERE/q8_lanes.cpp" "$HERE/lanes_weights.cpp" "$HERE/fwht.h" "$HERE/fwht.cpp" "$HERE/ggml_hook.c" "$HERE/attn_hook.cpp" "$HERE/attn_two_pass.h" "$HERE/attn_two_pass.cpp" "$HERE/attn_scores.h" "$HERE/attn_scores.cpp" "$CPU/specserve/"
+cp "$HERE/specserve.h" "$HERE/expf8.h" "$HERE/q8_matmul.h" "$HERE/q8_matmul.cpp" "$HERE/q8_matmul_avx512.inc" "$HERE/q8_lanes.h" "$HERE/q8_lanes.cpp" "$HERE/lanes_weights.cpp" "$HERE/fwht.h" "$HERE/fwht.cpp" "$HERE/rms_norm.h" "$HERE/rms_norm.cpp" "$HERE/ggml_hook.c" "$HERE/attn_hook.cpp" "$HERE/attn_two_pass.h" "$HERE/attn_two_pass.cpp" "$HERE/attn_scores.h" "$HERE/attn_scores.cpp" "$CPU/specserve/"
 patch -d "$SRC" -p1 --forward --batch --quiet < "$HERE/ggml-cpu.patch"
