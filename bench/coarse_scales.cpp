@@ -219,13 +219,12 @@ inline void prefetch_tiles(const int8_t * w) {
     }
 }
 
-__attribute__((target("amx-tile,amx-int8,avx512f"))) void row_amx_pair(const matrix & m, int64_t g, const acts & a, int t,
-                                                                        float * dst, size_t stride) {
-    const int64_t kc = m.k / 64;
-    const int8_t * wa = m.tiles.data() + g * kc * 1024, * wb = wa + kc * 1024;
+// Two groups' exact int32 sums over the 64-deep chunks [c0, c1) of their rows, into sums[group][row].
+__attribute__((target("amx-tile,amx-int8"))) inline void amx_sums(const int8_t * wa, const int8_t * wb, const acts & a,
+                                                                  int64_t c0, int64_t c1, int32_t (*sums)[MAX_T][16]) {
     _tile_zero(0);
     _tile_zero(1);
-    for (int64_t c = 0; c < kc; ++c) {
+    for (int64_t c = c0; c < c1; ++c) {
         prefetch_tiles(wa + c * 1024);
         prefetch_tiles(wb + c * 1024);
         _tile_loadd(2, a.rows.data() + c * 64, a.k);
@@ -234,9 +233,16 @@ __attribute__((target("amx-tile,amx-int8,avx512f"))) void row_amx_pair(const mat
         _tile_dpbssd(0, 2, 3);
         _tile_dpbssd(1, 2, 4);
     }
-    alignas(64) int32_t sums[2][MAX_T][16];
     _tile_stored(0, sums[0], 64);
     _tile_stored(1, sums[1], 64);
+}
+
+__attribute__((target("amx-tile,amx-int8,avx512f"))) void row_amx_pair(const matrix & m, int64_t g, const acts & a, int t,
+                                                                        float * dst, size_t stride) {
+    const int64_t kc = m.k / 64;
+    const int8_t * wa = m.tiles.data() + g * kc * 1024, * wb = wa + kc * 1024;
+    alignas(64) int32_t sums[2][MAX_T][16];
+    amx_sums(wa, wb, a, 0, kc, sums);
     for (int h = 0; h < 2; ++h) {
         const __m512 ws = _mm512_loadu_ps(m.row_scale.data() + (g + h) * LANES);
         for (int i = 0; i < t; ++i) {
@@ -254,19 +260,7 @@ __attribute__((target("amx-tile,amx-int8,avx512f,f16c"))) void b192_amx_pair(con
     for (int h = 0; h < 2; ++h) for (int i = 0; i < t; ++i) acc[h][i] = _mm512_setzero_ps();
     alignas(64) int32_t sums[2][MAX_T][16];
     for (int64_t sg = 0; sg < segs; ++sg) {
-        _tile_zero(0);
-        _tile_zero(1);
-        for (int64_t c = 3 * sg; c < 3 * sg + 3; ++c) {
-            prefetch_tiles(wa + c * 1024);
-            prefetch_tiles(wb + c * 1024);
-            _tile_loadd(2, a.rows.data() + c * 64, a.k);
-            _tile_loadd(3, wa + c * 1024, 64);
-            _tile_loadd(4, wb + c * 1024, 64);
-            _tile_dpbssd(0, 2, 3);
-            _tile_dpbssd(1, 2, 4);
-        }
-        _tile_stored(0, sums[0], 64);
-        _tile_stored(1, sums[1], 64);
+        amx_sums(wa, wb, a, 3 * sg, 3 * sg + 3, sums);
         for (int h = 0; h < 2; ++h) {
             const __m512 ws = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(m.scale192.data() + ((g + h) * segs + sg) * LANES)));
             for (int i = 0; i < t; ++i) {
