@@ -7,6 +7,8 @@
 //   mean = (float)(sum / n), scale = 1 / sqrtf(mean + eps), y = (x * scale) * w  (or x * scale).
 // Only the association of the double sum differs from ggml's, so the float mean is ggml's in all
 // but rare roundings; each row depends only on itself, so no row depends on what shares the step.
+// It runs where the rows-in-lanes matmul serves the model (q8_lanes.h: no stock bit is kept
+// anyway); in llama.cpp's order ggml's loop runs, so that every logit stays the stock kernels'.
 #pragma once
 
 #include <stdint.h>
