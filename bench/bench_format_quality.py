@@ -60,7 +60,7 @@ def heldout_ids(tokenizer, n_tokens: int) -> list:
     return ids[:n_tokens]
 
 
-def evaluate(block, ids: list, window: int, reference=None):
+def evaluate(block, ids: list, window: int):
     """(perplexity, argmax of every scored position) of the checkpoint in one format."""
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(CHECKPOINT, dtype=torch.float32).eval()
@@ -109,7 +109,6 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "format_quality.json")
     args = ap.parse_args(argv)
     from transformers import AutoTokenizer
-    torch.manual_seed(0)
     ids = heldout_ids(AutoTokenizer.from_pretrained(CHECKPOINT), args.tokens)
     print(f"{len(ids)} held-out tokens, windows of {args.window}", flush=True)
     results, tops = {}, {}
