@@ -14,7 +14,9 @@ copy-heavy), at each of --streams for --ramp-s + --seconds.
 Every (workload, streams) starts a fresh server per arm, one at a time: no
 level inherits another's caches (our suffix drafter's store of recent outputs, llama-server's
 prompt cache) and each ratio compares two runs minutes apart (these machines drift by 10-20%
-over minutes, more from day to day: compare only inside one run). Per level: output tokens/s
+over minutes, more from day to day: compare only inside one run). `--rounds N` runs each level N
+times, the arms' order reversed every other round (A B, B A, ...), and pairs the arms within a
+round: the ratio is the rounds' geometric mean, each round's printed beside it. Per level: output tokens/s
 over the measured window, TTFT and TPOT p50/p90, requests done/failed; then ours / llama-server
 per level, and per server the share of prompts whose greedy text is the same at the fewest and
 the most streams (ours is batch-invariant; llama-server's is not).
@@ -41,7 +43,7 @@ from pathlib import Path
 
 from backend.engines.llama_cpp_cpu import LLAMA_SERVER_ARGS
 from peer_load import closed_loop, warm_up  # bench/ (the script's own folder)
-from peer_stats import identity, ratios, summarise
+from peer_stats import identity, levels, ratios, summarise
 from peer_workloads import WORKLOADS, Feed, sessions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,13 +192,15 @@ def identities(answers: dict, streams: list) -> list:
 
 
 def plot(rows: list, ident: list, path: Path) -> None:
+    """Throughput and TTFT p50 against streams, per workload (several rounds: their mean)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    rat = {(x["workload"], x["streams"]): x for x in ratios(rows, OURS, PEER)}
+    rows = levels(rows)
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
     fig, axes = plt.subplots(2, len(workloads), figsize=(5.2 * len(workloads), 8), squeeze=False)
-    rat = {(x["workload"], x["streams"]): x for x in ratios(rows, OURS, PEER)}
     for j, workload in enumerate(workloads):
         top, bottom = axes[0][j], axes[1][j]
         for server in dict.fromkeys(r["server"] for r in rows):
@@ -212,12 +216,12 @@ def plot(rows: list, ident: list, path: Path) -> None:
             if w == workload and not math.isnan(x["tok_s"]):
                 y = next(r["tok_s"] for r in rows if (r["server"], r["workload"], r["streams"]) == (OURS, w, s))
                 top.annotate(f"×{x['tok_s']:.2f}", (s, y), textcoords="offset points", xytext=(4, 6), fontsize=8)
-        levels = sorted({r["streams"] for r in rows})
+        loads = sorted({r["streams"] for r in rows})
         for ax in (top, bottom):
             ax.set_xscale("log", base=2)
-            ax.set_xticks(levels, [str(n) for n in levels])
+            ax.set_xticks(loads, [str(n) for n in loads])
             ax.minorticks_off()
-            ax.set_xlim(levels[0] / 1.5, levels[-1] * 1.5)
+            ax.set_xlim(loads[0] / 1.5, loads[-1] * 1.5)
             ax.set_xlabel("closed-loop streams")
         top.set_title(f"{workload}: output tokens/s (× = ours / llama-server)")
         top.set_ylabel("output tokens/s")
@@ -234,6 +238,9 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--seconds", type=float, default=45.0, help="measured seconds per level")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds of each level: the arms in turn, the order reversed every other round "
+                         "(A B, B A, ...), each with a fresh server; ratios pair within a round")
     ap.add_argument("--ramp-s", type=float, default=None, help="load before the window (default 2 + streams/2, ≤ 30)")
     ap.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     ap.add_argument("--prompts", type=int, default=1000,
@@ -282,18 +289,26 @@ def main(argv=None) -> int:
         specs = sessions(workload, args.prompts)
         log(f"{workload}: {len(specs)} sessions prepared")
         for streams in args.streams:
-            for server, start, log_name in servers:
-                with open(RESULTS / log_name, "a") as f:
-                    row, requests = run_level(server, lambda stats: start(streams, f, stats), workload, specs, streams,
-                                              args)
-                rows.append(row)
-                answers[(server, workload, streams)] = {r["key"]: r["text"] for r in requests if not r["error"]}
-                records.append({"server": server, "workload": workload, "streams": streams, "requests": requests})
+            for rnd in range(args.rounds):
+                if args.rounds > 1:
+                    log(f"{workload}, {streams} streams: round {rnd + 1} of {args.rounds}")
+                # a level's arms minutes apart see the host at different speeds; alternating the order
+                # puts a steady drift on both arms alike
+                for server, start, log_name in (servers if rnd % 2 == 0 else servers[::-1]):
+                    with open(RESULTS / log_name, "a") as f:
+                        row, requests = run_level(server, lambda stats: start(streams, f, stats), workload, specs,
+                                                  streams, args)
+                    rows.append(dict(row, round=rnd))
+                    answers.setdefault((server, workload, streams), {}).update(
+                        {r["key"]: r["text"] for r in requests if not r["error"]})
+                    records.append({"server": server, "workload": workload, "streams": streams, "round": rnd,
+                                    "requests": requests})
     rat = [{"vs": arm, **x} for arm in args.arms if arm != OURS for x in ratios(rows, OURS, arm)]
     ident = identities(answers, args.streams)
     for x in rat:
         log(f"  ours / {x['vs']:18s} {x['workload']:9s} {x['streams']:3d} streams: tokens/s ×{x['tok_s']:.2f}, "
-            f"TTFT p50 ×{x['ttft_p50']:.2f}")
+            f"TTFT p50 ×{x['ttft_p50']:.2f}"
+            + (f"  (rounds: {', '.join(f'×{r:.2f}' for r in x['rounds'])})" if len(x["rounds"]) > 1 else ""))
     for x in ident:
         log(f"  {x['server']:12s} {x['workload']:9s} greedy text the same at {x['streams'][0]} and "
             f"{x['streams'][1]} streams: {x['identical']}/{x['common']}")

@@ -85,16 +85,38 @@ def summarise(requests: List[Request], w0: float, w1: float) -> dict:
 
 def ratios(rows: List[dict], ours: str = "ours", peer: str = "llama-server") -> List[dict]:
     """ours / peer per (workload, streams) present for both: throughput (> 1: we deliver more) and
-    TTFT p50 (< 1: we answer sooner)."""
-    index = {(r["server"], r["workload"], r["streams"]): r for r in rows}
-    out = []
-    for (server, workload, streams), a in index.items():
-        b = index.get((peer, workload, streams))
+    TTFT p50 (< 1: we answer sooner). Rows of several rounds of a level (bench_peer.py --rounds:
+    the arms alternate, so the host's drift over minutes falls on both) pair within their round;
+    the ratio is the geometric mean of the rounds' ratios, `rounds` lists them."""
+    index = {(r["server"], r["workload"], r["streams"], r.get("round", 0)): r for r in rows}
+    paired = {}
+    for (server, workload, streams, rnd), a in index.items():
+        b = index.get((peer, workload, streams, rnd))
         if server != ours or b is None:
             continue
-        out.append({"workload": workload, "streams": streams, "tok_s": _div(a["tok_s"], b["tok_s"]),
-                    "ttft_p50": _div(a["ttft_p50_s"], b["ttft_p50_s"])})
-    return out
+        paired.setdefault((workload, streams), []).append(
+            (_div(a["tok_s"], b["tok_s"]), _div(a["ttft_p50_s"], b["ttft_p50_s"])))
+    return [{"workload": workload, "streams": streams, "tok_s": geometric_mean(x[0] for x in xs),
+             "ttft_p50": geometric_mean(x[1] for x in xs), "rounds": [x[0] for x in xs]}
+            for (workload, streams), xs in paired.items()]
+
+
+def levels(rows: List[dict]) -> List[dict]:
+    """One row per (server, workload, streams): the rounds' mean throughput and TTFT p50 (what the
+    plot draws); a single round's row as it is."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["server"], r["workload"], r["streams"]), []).append(r)
+    return [dict(rs[0], tok_s=sum(r["tok_s"] for r in rs) / len(rs),
+                 ttft_p50_s=sum(r["ttft_p50_s"] for r in rs) / len(rs)) for rs in groups.values()]
+
+
+def geometric_mean(values: Iterable[float]) -> float:
+    """NaN if any value is NaN, not positive, or there are none."""
+    xs = list(values)
+    if not xs or any(math.isnan(x) or x <= 0 for x in xs):
+        return math.nan
+    return xs[0] if len(xs) == 1 else math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def _div(a: float, b: float) -> float:

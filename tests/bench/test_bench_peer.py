@@ -11,7 +11,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # bench/ scripts import their siblings
 
 from bench_peer import CONTEXT, identities, peer_command  # noqa: E402
-from peer_stats import Request, identity, percentile, ratios, summarise, tokens_in_window  # noqa: E402
+from peer_stats import (Request, geometric_mean, identity, levels, percentile, ratios, summarise,  # noqa: E402
+                        tokens_in_window)
 from peer_workloads import Feed, Session, conversations, mostly_ascii  # noqa: E402
 
 
@@ -52,7 +53,20 @@ def test_ratios_pair_the_same_workload_and_load():
     row = lambda server, w, n, tok, ttft: {"server": server, "workload": w, "streams": n, "tok_s": tok, "ttft_p50_s": ttft}
     rows = [row("ours", "chat", 1, 50, 0.2), row("llama-server", "chat", 1, 40, 0.1),
             row("ours", "chat", 32, 70, 5.0), row("ours", "copy", 1, 10, 1.0)]
-    assert ratios(rows) == [{"workload": "chat", "streams": 1, "tok_s": 1.25, "ttft_p50": 2.0}]
+    assert ratios(rows) == [{"workload": "chat", "streams": 1, "tok_s": 1.25, "ttft_p50": 2.0, "rounds": [1.25]}]
+
+
+def test_rounds_pair_within_a_round_and_average_geometrically():
+    """bench_peer --rounds: each round's ours / peer, their geometric mean; a round one arm lacks is left out."""
+    row = lambda server, n, tok, rnd: {"server": server, "workload": "chat", "streams": n, "tok_s": tok,
+                                       "ttft_p50_s": 0.1, "round": rnd}
+    rows = [row("ours", 8, 90, 0), row("ours-off", 8, 100, 0), row("ours-off", 8, 80, 1), row("ours", 8, 100, 1),
+            row("ours", 8, 70, 2)]
+    (x,) = ratios(rows, "ours", "ours-off")
+    assert x["rounds"] == [0.9, 1.25] and x["tok_s"] == pytest.approx((0.9 * 1.25) ** 0.5)
+    assert x["ttft_p50"] == pytest.approx(1.0)
+    assert [(r["server"], r["tok_s"]) for r in levels(rows)] == [("ours", 260 / 3), ("ours-off", 90.0)]
+    assert math.isnan(geometric_mean([])) and math.isnan(geometric_mean([1.0, math.nan]))
 
 
 def test_identity_over_the_prompts_finished_at_both_loads():
