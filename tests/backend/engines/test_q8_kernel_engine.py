@@ -69,8 +69,7 @@ def test_logits_equal_the_stock_kernels_bit_for_bit(engine, name):
     q8_kernel.set_enabled(True)
     assert np.array_equal(bits(ours), bits(stock)), name
     assert after["attention"] > before["attention"]  # every step's attention is ours
-    if sum(lens) > 1:  # products of 2+ rows are ours too
-        assert after["matmul"] > before["matmul"]
+    assert after["matmul"] > before["matmul"]  # and its products, decoding's one row too
 
 
 @pytest.fixture(scope="module")
