@@ -197,7 +197,9 @@ def plot(rows: list, ident: list, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rat = {(x["workload"], x["streams"]): x for x in ratios(rows, OURS, PEER)}
+    servers = list(dict.fromkeys(r["server"] for r in rows))
+    ref = PEER if PEER in servers else next((x for x in servers if x != OURS), PEER)  # what the × compare with
+    rat = {(x["workload"], x["streams"]): x for x in ratios(rows, OURS, ref)}
     rows = levels(rows)
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
     fig, axes = plt.subplots(2, len(workloads), figsize=(5.2 * len(workloads), 8), squeeze=False)
@@ -223,7 +225,7 @@ def plot(rows: list, ident: list, path: Path) -> None:
             ax.minorticks_off()
             ax.set_xlim(loads[0] / 1.5, loads[-1] * 1.5)
             ax.set_xlabel("closed-loop streams")
-        top.set_title(f"{workload}: output tokens/s (× = ours / llama-server)")
+        top.set_title(f"{workload}: output tokens/s (× = ours / {ref})")
         top.set_ylabel("output tokens/s")
         top.legend(fontsize=7)
         if any(r["ttft_p50_s"] > 0 for r in rows if r["workload"] == workload):  # NaN > 0 is False
